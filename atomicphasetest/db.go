@@ -1,0 +1,256 @@
+package atomicphasetest
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase"
+)
+
+// Options configure NewDB. A nil *Options means the atomicphase schema only.
+type Options struct {
+	// Setup adds to the template database after the atomicphase migrations:
+	// an application's own schema, say. It runs once per template and test
+	// process; every database NewDB hands out is a copy of the result.
+	// Defaults to nothing.
+	Setup func(ctx context.Context, pool *pgxpool.Pool) error
+
+	// SetupID names what Setup creates; it is part of the template's name,
+	// so change it whenever Setup changes. Required when Setup is set.
+	SetupID string
+
+	// PoolConfig, if set, adjusts the test pool's configuration before the
+	// pool is created (a tracer, a custom dialer, pool sizes). Defaults to
+	// nothing.
+	PoolConfig func(cfg *pgxpool.Config)
+}
+
+// DB is a database of a test's own, dropped when the test ends.
+type DB struct {
+	// Name is the database's name.
+	Name string
+	// URL connects to it, for a child process or a second pool.
+	URL string
+	// Pool is connected to it and closed when the test ends.
+	Pool *pgxpool.Pool
+}
+
+// shared is the server a test process uses, started on first need. It is
+// the one piece of package state: a test binary runs one server, not one
+// per test.
+var shared struct {
+	sync.Mutex
+	srv       *Server
+	admin     *pgxpool.Pool
+	templates map[string]bool
+}
+
+// Main runs the tests and then stops the server this package started, if
+// any. Call it from TestMain: os.Exit(atomicphasetest.Main(m)). Without it
+// the server is still removed, by its watchdog, shortly after exit.
+func Main(m *testing.M) int {
+	code := m.Run()
+	shared.Lock()
+	defer shared.Unlock()
+	if shared.admin != nil {
+		shared.admin.Close()
+		shared.admin = nil
+	}
+	if err := shared.srv.Stop(); err != nil {
+		fmt.Printf("atomicphasetest: stopping PostgreSQL: %v\n", err)
+	}
+	shared.srv, shared.templates = nil, nil
+	return code
+}
+
+// ServerURL returns the URL of the test process's server, starting one if
+// needed, for tests that create databases of their own.
+func ServerURL(t testing.TB) string {
+	t.Helper()
+	srv, _, err := server(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv.URL
+}
+
+func server(ctx context.Context) (*Server, *pgxpool.Pool, error) {
+	shared.Lock()
+	defer shared.Unlock()
+	if shared.srv == nil {
+		srv := &Server{URL: URLFromEnv(), Kind: "env"}
+		if srv.URL == "" {
+			started, err := StartServer(ctx, nil)
+			if err != nil {
+				return nil, nil, err
+			}
+			srv = started
+		}
+		admin, err := pgxpool.New(ctx, srv.URL)
+		if err != nil {
+			_ = srv.Stop()
+			return nil, nil, fmt.Errorf("atomicphasetest: connect to %s: %w", redact(srv.URL), err)
+		}
+		shared.srv, shared.admin, shared.templates = srv, admin, map[string]bool{}
+	}
+	return shared.srv, shared.admin, nil
+}
+
+// NewDB returns a migrated database of the test's own, dropped (with its
+// pool closed) when the test ends. It fails the test if no PostgreSQL can be
+// had; the message says how to provide one.
+func NewDB(t testing.TB, opts *Options) *DB {
+	t.Helper()
+	if opts == nil {
+		opts = &Options{}
+	}
+	if opts.Setup != nil && opts.SetupID == "" {
+		t.Fatal("atomicphasetest: Options.Setup needs a SetupID naming what it creates")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, admin, err := server(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := ensureTemplate(ctx, srv, admin, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "atomicphase_test_" + randomHex(8)
+	if err := cloneTemplate(ctx, admin, tmpl, name); err != nil {
+		t.Fatal(err)
+	}
+	url, err := withDatabase(srv.URL, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.PoolConfig != nil {
+		opts.PoolConfig(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		pool.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Errorf("atomicphasetest: drop database %s: %v", name, err)
+		}
+	})
+	return &DB{Name: name, URL: url, Pool: pool}
+}
+
+// ensureTemplate creates the migrated template database once. Processes
+// sharing a server (go test runs packages in parallel) take turns through
+// an advisory lock; a template is marked complete by datistemplate, so one
+// left half-built by a killed process is rebuilt.
+func ensureTemplate(ctx context.Context, srv *Server, admin *pgxpool.Pool, opts *Options) (string, error) {
+	h := sha256.New()
+	for _, m := range atomicphase.Migrations() {
+		h.Write([]byte(m.Up))
+	}
+	h.Write([]byte(opts.SetupID))
+	sum := h.Sum(nil)
+	name := "atomicphase_tpl_" + hex.EncodeToString(sum[:8])
+
+	shared.Lock()
+	done := shared.templates[name]
+	shared.Unlock()
+	if done {
+		return name, nil
+	}
+
+	conn, err := admin.Acquire(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Release()
+	lockID := int64(binary.BigEndian.Uint64(sum[8:16]))
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockID); err != nil {
+		return "", err
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", lockID) //nolint:errcheck
+
+	var isTemplate *bool
+	err = conn.QueryRow(ctx, "SELECT datistemplate FROM pg_database WHERE datname = $1", name).Scan(&isTemplate)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return "", err
+	}
+	if isTemplate == nil || !*isTemplate {
+		if err := buildTemplate(ctx, srv, conn.Conn(), name, opts); err != nil {
+			return "", fmt.Errorf("atomicphasetest: build template %s: %w", name, err)
+		}
+	}
+	shared.Lock()
+	shared.templates[name] = true
+	shared.Unlock()
+	return name, nil
+}
+
+func buildTemplate(ctx context.Context, srv *Server, admin *pgx.Conn, name string, opts *Options) error {
+	ident := pgx.Identifier{name}.Sanitize()
+	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)"); err != nil {
+		return err
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+ident); err != nil {
+		return err
+	}
+	url, err := withDatabase(srv.URL, name)
+	if err != nil {
+		return err
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return err
+	}
+	_, err = atomicphase.Migrate(ctx, pool)
+	if err == nil && opts.Setup != nil {
+		err = opts.Setup(ctx, pool)
+	}
+	pool.Close()
+	if err != nil {
+		return err
+	}
+	_, err = admin.Exec(ctx, "ALTER DATABASE "+ident+" WITH IS_TEMPLATE true")
+	return err
+}
+
+// cloneTemplate copies the template. CREATE DATABASE fails while another
+// session is connected to the template (a parallel process finishing its
+// build), so it retries briefly.
+func cloneTemplate(ctx context.Context, admin *pgxpool.Pool, tmpl, name string) error {
+	sql := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() + " TEMPLATE " + pgx.Identifier{tmpl}.Sanitize()
+	var err error
+	for range 50 {
+		if _, err = admin.Exec(ctx, sql); err == nil || !strings.Contains(err.Error(), "is being accessed by other users") {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return err
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

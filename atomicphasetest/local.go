@@ -1,0 +1,206 @@
+package atomicphasetest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// findBinaries returns the directory holding initdb and postgres.
+func findBinaries() (string, error) {
+	if p, err := exec.LookPath("initdb"); err == nil {
+		dir := filepath.Dir(p)
+		if resolved, err := filepath.EvalSymlinks(p); err == nil {
+			dir = filepath.Dir(resolved)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "postgres")); err == nil {
+			return dir, nil
+		}
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	// Newest major version first.
+	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
+	for _, dir := range dirs {
+		if _, err := os.Stat(filepath.Join(dir, "initdb")); err == nil {
+			return dir, nil
+		}
+	}
+	return "", errors.New("no initdb on PATH or under /usr/lib/postgresql/*/bin")
+}
+
+func versionOf(binDir string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return v
+}
+
+// startLocal initialises a cluster in a new temporary directory and starts
+// it on a free loopback port, tuned for tests (no fsync: nothing here must
+// survive an OS crash, only a process crash, which PostgreSQL handles alike).
+func startLocal(ctx context.Context, bin string) (*Server, error) {
+	dir, err := os.MkdirTemp("", "atomicphase-pg-")
+	if err != nil {
+		return nil, err
+	}
+	cred, err := serverCredential(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	data := filepath.Join(dir, "data")
+	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"),
+		"-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions")
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	initdb.Dir = dir
+	if out, err := initdb.CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("initdb: %v: %s", err, bytes.TrimSpace(out))
+	}
+
+	var lastErr error
+	for range 3 { // a free port can be taken between choosing and binding it
+		port, err := freePort()
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+		srv, err := runPostgres(ctx, bin, dir, data, port, cred)
+		if err == nil {
+			return srv, nil
+		}
+		lastErr = err
+	}
+	os.RemoveAll(dir)
+	return nil, lastErr
+}
+
+func runPostgres(ctx context.Context, bin, dir, data string, port int, cred *syscall.Credential) (*Server, error) {
+	logPath := filepath.Join(dir, "postgres.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	if cred != nil {
+		_ = os.Chown(logPath, int(cred.Uid), int(cred.Gid))
+	}
+	cmd := exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-p", strconv.Itoa(port),
+		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
+		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+		"-c", "max_connections=300", "-c", "shared_buffers=128MB")
+	cmd.Dir = dir
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// Its own process group: a Ctrl-C aimed at the tests must not stop
+	// the server before the tests have cleaned up.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	watchdog := startWatchdog(cmd.Process.Pid, dir)
+
+	stop := func() error {
+		_ = cmd.Process.Signal(syscall.SIGINT) // fast shutdown
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if watchdog != nil {
+			_ = watchdog.Process.Kill()
+			_, _ = watchdog.Process.Wait()
+		}
+		return os.RemoveAll(dir)
+	}
+
+	url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		conn, err := pgx.Connect(cctx, url)
+		cancel()
+		if err == nil {
+			_ = conn.Close(ctx)
+			return &Server{URL: url, Kind: "local", stop: stop}, nil
+		}
+		select {
+		case <-exited:
+			log, _ := os.ReadFile(logPath)
+			_ = stop()
+			return nil, fmt.Errorf("postgres exited: %s", tail(log, 800))
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			log, _ := os.ReadFile(logPath)
+			_ = stop()
+			return nil, fmt.Errorf("postgres did not accept connections: %v: %s", err, tail(log, 800))
+		}
+	}
+}
+
+// startWatchdog starts a detached shell that, once this process is gone
+// (exited, panicked or killed), stops the server and removes its directory.
+func startWatchdog(pgPID int, dir string) *exec.Cmd {
+	script := `while kill -0 "$1" 2>/dev/null; do sleep 0.5; done
+kill -QUIT "$2" 2>/dev/null
+for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$2" 2>/dev/null || break; sleep 0.5; done
+kill -KILL "$2" 2>/dev/null
+rm -rf "$3"`
+	cmd := exec.Command("/bin/sh", "-c", script, "atomicphase-pg-watchdog",
+		strconv.Itoa(os.Getpid()), strconv.Itoa(pgPID), dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil // cleanup then relies on Stop alone
+	}
+	return cmd
+}
+
+// serverCredential returns the identity to run the server as: the postgres
+// OS user when running as root (PostgreSQL refuses to run as root), else
+// nil for the current user. It hands dir to that user.
+func serverCredential(dir string) (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, errors.New("running as root, and there is no postgres OS user to run the server as (PostgreSQL refuses to run as root)")
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	if err := os.Chown(dir, uid, gid); err != nil {
+		return nil, err
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func tail(b []byte, n int) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) > n {
+		s = "..." + s[len(s)-n:]
+	}
+	return s
+}

@@ -1,0 +1,100 @@
+package atomicphase
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors returned by Run and Resume. Branch on them with errors.Is;
+// the richer cases also have a typed error (InProgressError, PhaseError)
+// reachable with errors.As.
+var (
+	// ErrInvalidKey means the idempotency key or scope is malformed: empty,
+	// longer than Config.MaxKeyLength, or not printable ASCII. Nothing was
+	// written.
+	ErrInvalidKey = errors.New("atomicphase: invalid idempotency key")
+
+	// ErrInvalidRequest means the request could not be fingerprinted or the
+	// workflow's Start function rejected its parameters. Nothing was written,
+	// so a corrected request may reuse the key.
+	ErrInvalidRequest = errors.New("atomicphase: invalid request")
+
+	// ErrInProgress means another attempt holds the key's lock. The error is
+	// an *InProgressError carrying a retry-after hint.
+	ErrInProgress = errors.New("atomicphase: request with this key is in progress")
+
+	// ErrFingerprintMismatch means the key was first used with a different
+	// request (method, path, parameters or workflow). Nothing changed.
+	ErrFingerprintMismatch = errors.New("atomicphase: idempotency key reused with a different request")
+
+	// ErrLockLost means this attempt was slower than the lock timeout and a
+	// newer attempt took the key over. The phase that noticed rolled back;
+	// the newer attempt owns the request now.
+	ErrLockLost = errors.New("atomicphase: lock on idempotency key lost to a newer attempt")
+
+	// ErrStoreUnavailable means PostgreSQL could not be reached. When Run
+	// returns it before acquiring the key, no phase and no foreign call ran.
+	ErrStoreUnavailable = errors.New("atomicphase: key store unavailable")
+
+	// ErrKeyNotFound is returned by Resume and Inspect for a key that was
+	// never recorded.
+	ErrKeyNotFound = errors.New("atomicphase: idempotency key not found")
+
+	// ErrUnknownWorkflow is returned by Resume when the key's workflow was
+	// not registered with the Runner.
+	ErrUnknownWorkflow = errors.New("atomicphase: workflow not registered")
+
+	// ErrSecondForeignCall fails a phase whose function asked ForeignCall.Do
+	// (or the guarded HTTP transport) for a second foreign call.
+	ErrSecondForeignCall = errors.New("atomicphase: a phase may make at most one foreign call")
+
+	// ErrNoResponse fails a phase that continued past the workflow's last
+	// phase without responding. Its transaction is rolled back.
+	ErrNoResponse = errors.New("atomicphase: workflow ended without a response")
+
+	// ErrCrashed is returned when a fault injector simulated a process
+	// crash: the attempt stopped dead, its connection was closed without
+	// commit, rollback or unlock, and the key stays locked until the lock
+	// timeout. Only test code sees it.
+	ErrCrashed = errors.New("atomicphase: attempt crashed (injected fault)")
+
+	// ErrPhaseTxControl is returned by the phase transaction's Commit and
+	// Rollback: the Runner commits a phase together with its recovery point,
+	// so a phase must not end its transaction itself.
+	ErrPhaseTxControl = errors.New("atomicphase: the runner commits and rolls back phase transactions")
+)
+
+// InProgressError is returned (wrapped as ErrInProgress) when another attempt
+// holds the key's lock.
+type InProgressError struct {
+	// RetryAfter is how long a client should wait before retrying: one
+	// second, or less when the lock goes stale sooner.
+	RetryAfter time.Duration
+	// LockExpiresIn is how long until the current holder's lock goes stale
+	// and a retry may take the key over.
+	LockExpiresIn time.Duration
+}
+
+func (e *InProgressError) Error() string {
+	return fmt.Sprintf("%s (retry after %s)", ErrInProgress.Error(), e.RetryAfter)
+}
+
+// Is reports whether target is ErrInProgress.
+func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
+
+// PhaseError wraps an error returned (or a transient database error met) by a
+// phase. The phase's transaction was rolled back, the key was unlocked and
+// nothing was stored: a retry resumes at this phase.
+type PhaseError struct {
+	Workflow string
+	Phase    string
+	Err      error
+}
+
+func (e *PhaseError) Error() string {
+	return fmt.Sprintf("atomicphase: workflow %q phase %q: %v", e.Workflow, e.Phase, e.Err)
+}
+
+// Unwrap returns the phase's own error.
+func (e *PhaseError) Unwrap() error { return e.Err }

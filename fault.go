@@ -1,0 +1,61 @@
+package atomicphase
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// FaultPlace names a place in a run where a fault can be injected. The
+// faultinject package builds on these; applications never need them.
+type FaultPlace string
+
+// The places a run passes, in order. Phase-scoped places are passed once per
+// phase attempt.
+const (
+	// BeforeAcquire is passed before the key is recorded or locked.
+	BeforeAcquire FaultPlace = "before-acquire"
+	// AfterAcquire is passed once the key is locked by this attempt.
+	AfterAcquire FaultPlace = "after-acquire"
+	// BeforePhase is passed before a phase's body runs.
+	BeforePhase FaultPlace = "before-phase"
+	// AfterForeign is passed after a foreign call returned (success or
+	// error) and before its phase commits.
+	AfterForeign FaultPlace = "after-foreign"
+	// BeforeCommit is passed when the phase's body is done and its
+	// recovery point is about to be committed with its writes.
+	BeforeCommit FaultPlace = "before-commit"
+	// BeforeResponse is passed, just before BeforeCommit, by the phase
+	// whose commit stores the response.
+	BeforeResponse FaultPlace = "before-response"
+	// AfterCommit is passed after a phase committed, before the next phase
+	// (or, for the last phase, before Run returns the response).
+	AfterCommit FaultPlace = "after-commit"
+)
+
+// FaultPoint identifies one fault point: a place in a given phase of a given
+// workflow. Phase is empty for BeforeAcquire and AfterAcquire.
+type FaultPoint struct {
+	Workflow string
+	Phase    string
+	Place    FaultPlace
+}
+
+// String renders the point as workflow:phase:place (phase omitted when
+// empty), the form the faultinject package parses.
+func (p FaultPoint) String() string {
+	if p.Phase == "" {
+		return p.Workflow + ":" + string(p.Place)
+	}
+	return p.Workflow + ":" + p.Phase + ":" + string(p.Place)
+}
+
+// FaultInjector is called by the Runner at every fault point when set in
+// Config. conn is the connection the phase holds at that point (nil when it
+// holds none); an injector may break it. A returned error fails the attempt
+// as a phase error would, except that an error wrapping ErrCrashed stops the
+// attempt dead: the Runner closes conn without commit, rollback or unlock and
+// returns the error, exactly as a killed process would leave things.
+type FaultInjector interface {
+	InjectFault(ctx context.Context, at FaultPoint, conn *pgx.Conn) error
+}

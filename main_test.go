@@ -1,0 +1,120 @@
+package atomicphase_test
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/atomicphasetest"
+)
+
+func TestMain(m *testing.M) { os.Exit(atomicphasetest.Main(m)) }
+
+// testDBOpts adds the business table test workflows write to, so tests can
+// count rows in the database rather than trust counters.
+var testDBOpts = &atomicphasetest.Options{
+	SetupID: "core-tests-v1",
+	Setup: func(ctx context.Context, pool *pgxpool.Pool) error {
+		_, err := pool.Exec(ctx, `CREATE TABLE effects (
+			id    bigserial PRIMARY KEY,
+			scope text NOT NULL,
+			key   text NOT NULL,
+			phase text NOT NULL,
+			note  text)`)
+		return err
+	},
+}
+
+type testBundle struct {
+	db     *atomicphasetest.DB
+	runner *atomicphase.Runner
+	ctx    context.Context
+}
+
+func setup(t *testing.T, cfg *atomicphase.Config) *testBundle {
+	t.Helper()
+	db := atomicphasetest.NewDB(t, testDBOpts)
+	runner, err := atomicphase.NewRunner(db.Pool, cfg)
+	require.NoError(t, err)
+	return &testBundle{db: db, runner: runner, ctx: context.Background()}
+}
+
+func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, sql, args...).Scan(&n))
+	return n
+}
+
+// orderState is the state of the three-phase test workflow.
+type orderState struct {
+	Item     string `json:"item"`
+	Quantity int    `json:"quantity"`
+	OrderID  int64  `json:"order_id,omitempty"`
+	ChargeID string `json:"charge_id,omitempty"`
+}
+
+// counters count phase invocations of the three-phase workflow.
+type counters struct{ create, charge, finish atomic.Int32 }
+
+// hooks let a test intervene inside a phase of orderWorkflow.
+type hooks struct {
+	// afterCreate runs in the create phase's transaction after its insert.
+	afterCreate func(ctx context.Context, tx pgx.Tx) error
+	charge      func(ctx context.Context, call *atomicphase.ForeignCall, s *orderState) error
+	finish      func(ctx context.Context, tx pgx.Tx, s *orderState) error
+}
+
+// orderWorkflow is create (local) → charge (foreign) → finish (responds).
+func orderWorkflow(t *testing.T, c *counters, h hooks) *atomicphase.Workflow[orderState] {
+	t.Helper()
+	wf, err := atomicphase.NewWorkflow("order", []atomicphase.Phase[orderState]{
+		atomicphase.Local("create", func(ctx context.Context, tx pgx.Tx, s *orderState) (atomicphase.Outcome, error) {
+			c.create.Add(1)
+			if err := tx.QueryRow(ctx, `INSERT INTO effects (scope, key, phase, note) VALUES ('', '', 'create', $1) RETURNING id`, s.Item).Scan(&s.OrderID); err != nil {
+				return atomicphase.Outcome{}, err
+			}
+			if h.afterCreate != nil {
+				return atomicphase.Outcome{}, h.afterCreate(ctx, tx)
+			}
+			return atomicphase.Continue(), nil
+		}),
+		atomicphase.Foreign("charge", func(ctx context.Context, call *atomicphase.ForeignCall, s *orderState) error {
+			c.charge.Add(1)
+			if h.charge != nil {
+				return h.charge(ctx, call, s)
+			}
+			return call.Do(ctx, func(ctx context.Context, key string) error {
+				s.ChargeID = "ch_" + key
+				return nil
+			})
+		}, nil),
+		atomicphase.Local("finish", func(ctx context.Context, tx pgx.Tx, s *orderState) (atomicphase.Outcome, error) {
+			c.finish.Add(1)
+			if h.finish != nil {
+				if err := h.finish(ctx, tx, s); err != nil {
+					return atomicphase.Outcome{}, err
+				}
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO effects (scope, key, phase, note) VALUES ('', '', 'finish', $1)`, s.ChargeID); err != nil {
+				return atomicphase.Outcome{}, err
+			}
+			body := []byte(`{"order_id":` + strconv.FormatInt(s.OrderID, 10) + `,"charge_id":"` + s.ChargeID + `"}`)
+			return atomicphase.Respond(201, body).WithHeader("Location", "/orders/"+strconv.FormatInt(s.OrderID, 10)), nil
+		}),
+	}, nil)
+	require.NoError(t, err)
+	return wf
+}
+
+func orderRequest(scope, key string) atomicphase.Request {
+	return atomicphase.Request{Scope: scope, Key: key, Method: "POST", Path: "/orders",
+		Params: []byte(`{"item": "rocket", "quantity": 1}`)}
+}

@@ -1,0 +1,122 @@
+package atomicphase
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+//go:embed migration/*.sql
+var migrationFS embed.FS
+
+// Migration is one numbered schema change shipped with the package.
+type Migration struct {
+	// Version orders migrations; it is the number the file name starts with.
+	Version int
+	// Name is the rest of the file name, such as "idempotency_keys".
+	Name string
+	// Up is the SQL that applies the migration.
+	Up string
+	// Down is the SQL that reverts it.
+	Down string
+}
+
+// Migrations returns the package's migrations in version order. Use it to
+// feed your own migration tool; schema.sql holds the same SQL in one file.
+func Migrations() []Migration {
+	byVersion := map[int]*Migration{}
+	entries, _ := fs.ReadDir(migrationFS, "migration")
+	for _, e := range entries {
+		name := e.Name()
+		base, dir, ok := strings.Cut(strings.TrimSuffix(name, ".sql"), ".")
+		num, rest, ok2 := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || !ok2 || err != nil {
+			panic("atomicphase: malformed migration file name " + name)
+		}
+		body, _ := migrationFS.ReadFile(path.Join("migration", name))
+		m := byVersion[v]
+		if m == nil {
+			m = &Migration{Version: v, Name: rest}
+			byVersion[v] = m
+		}
+		if dir == "up" {
+			m.Up = string(body)
+		} else {
+			m.Down = string(body)
+		}
+	}
+	out := make([]Migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		out = append(out, *m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out
+}
+
+// Beginner is what Migrate needs from a database handle: *pgxpool.Pool,
+// *pgx.Conn and pgx.Tx all satisfy it.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// migrateLockID is the advisory lock that serialises concurrent Migrate
+// calls across processes ("atomicph" in ASCII).
+const migrateLockID = 0x61746f6d69637068
+
+// Migrate applies every migration the database does not have yet, each in
+// its own transaction, recording them in atomicphase_migration. It is
+// idempotent and safe to call from several processes at once: a
+// transaction-scoped advisory lock makes them take turns, and each re-reads
+// what is applied after taking it. It returns the versions it applied.
+func Migrate(ctx context.Context, db Beginner) ([]int, error) {
+	var applied []int
+	for _, m := range Migrations() {
+		done, err := applyMigration(ctx, db, m)
+		if err != nil {
+			return applied, fmt.Errorf("atomicphase: migration %03d_%s: %w", m.Version, m.Name, err)
+		}
+		if done {
+			applied = append(applied, m.Version)
+		}
+	}
+	return applied, nil
+}
+
+func applyMigration(ctx context.Context, db Beginner, m Migration) (bool, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLockID)); err != nil {
+		return false, err
+	}
+	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS atomicphase_migration (
+		version    integer     PRIMARY KEY,
+		name       text        NOT NULL,
+		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return false, err
+	}
+	var exists bool
+	if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT FROM atomicphase_migration WHERE version = $1)", m.Version).Scan(&exists); err != nil {
+		return false, err
+	}
+	if exists {
+		return false, nil
+	}
+	if _, err := tx.Exec(ctx, m.Up); err != nil {
+		return false, err
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO atomicphase_migration (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
+		return false, err
+	}
+	return true, tx.Commit(ctx)
+}

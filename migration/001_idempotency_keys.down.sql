@@ -1,0 +1,2 @@
+DROP FUNCTION IF EXISTS atomicphase_checkpoint(text, text, bigint, text, text, jsonb, integer, jsonb, bytea);
+DROP TABLE IF EXISTS idempotency_keys;
