@@ -73,7 +73,7 @@ type hooks struct {
 }
 
 // orderWorkflow is create (local) → charge (foreign) → finish (responds).
-func orderWorkflow(t *testing.T, c *counters, h hooks) *atomicphase.Workflow[orderState] {
+func orderWorkflow(t testing.TB, c *counters, h hooks) *atomicphase.Workflow[orderState] {
 	t.Helper()
 	wf, err := atomicphase.NewWorkflow("order", []atomicphase.Phase[orderState]{
 		atomicphase.Local("create", func(ctx context.Context, tx pgx.Tx, s *orderState) (atomicphase.Outcome, error) {

@@ -202,7 +202,7 @@ func (r *Runner) Run(ctx context.Context, wf AnyWorkflow, req Request) (*Respons
 	if err != nil {
 		return nil, storeError("acquire key", err)
 	}
-	if row == nil || !row.Acquired {
+	if !row.Acquired {
 		return r.refused(row, wf.Name(), fp)
 	}
 	return a.resume(ctx, row)
@@ -243,9 +243,6 @@ func (r *Runner) Resume(ctx context.Context, scope, key string) (*Response, erro
 
 // refused explains an acquisition that did not take the lock.
 func (r *Runner) refused(row *keyRow, workflow string, fp Fingerprint) (*Response, error) {
-	if row == nil {
-		return nil, inProgress(nil)
-	}
 	if row.Workflow != workflow || !bytes.Equal(row.Fingerprint, fp[:]) {
 		return nil, ErrFingerprintMismatch
 	}

@@ -1,0 +1,121 @@
+package atomicphase_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/atomicphasetest"
+)
+
+// Run with: make bench (go test -run '^$' -bench . -benchmem).
+
+func benchSetup(b *testing.B) (*atomicphase.Runner, *atomicphase.Workflow[orderState], *pgxpool.Pool) {
+	b.Helper()
+	opts := *testDBOpts
+	opts.PoolConfig = func(cfg *pgxpool.Config) { cfg.MaxConns = 16 }
+	db := atomicphasetest.NewDB(b, &opts)
+	runner, err := atomicphase.NewRunner(db.Pool, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var c counters
+	wf := orderWorkflow(b, &c, hooks{})
+	return runner, wf, db.Pool
+}
+
+// BenchmarkReplay answers a finished key: the acquisition statement's
+// replay path, one round trip, no write.
+func BenchmarkReplay(b *testing.B) {
+	runner, wf, _ := benchSetup(b)
+	ctx := context.Background()
+	if _, err := runner.Run(ctx, wf, orderRequest("u", "k")); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			resp, err := runner.Run(ctx, wf, orderRequest("u", "k"))
+			if err != nil || !resp.Replayed {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkPrimaryKeySelect is the floor a replay is measured against: a
+// primary-key lookup of the same row returning the same columns.
+func BenchmarkPrimaryKeySelect(b *testing.B) {
+	runner, wf, pool := benchSetup(b)
+	ctx := context.Background()
+	if _, err := runner.Run(ctx, wf, orderRequest("u", "k")); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		var status int
+		var body []byte
+		for pb.Next() {
+			if err := pool.QueryRow(ctx, `SELECT response_status, response_body FROM idempotency_keys
+				WHERE scope = $1 AND idempotency_key = $2`, "u", "k").Scan(&status, &body); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkNaiveUpsertReplay is the shape acquisition avoids: a plain
+// INSERT ... ON CONFLICT DO UPDATE ... RETURNING, which builds a tuple and
+// writes a new row version on every replay.
+func BenchmarkNaiveUpsertReplay(b *testing.B) {
+	runner, wf, pool := benchSetup(b)
+	ctx := context.Background()
+	if _, err := runner.Run(ctx, wf, orderRequest("u", "k")); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		var status *int
+		var body []byte
+		for pb.Next() {
+			if err := pool.QueryRow(ctx, `INSERT INTO idempotency_keys AS k
+					(scope, idempotency_key, workflow, fingerprint, request_method, request_path, state)
+				VALUES ($1, $2, 'order', '\x00', 'POST', '/orders', '{}')
+				ON CONFLICT (scope, idempotency_key) DO UPDATE SET updated_at = k.updated_at
+				RETURNING response_status, response_body`, "u", "k").Scan(&status, &body); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkRunNewKey runs the three-phase workflow (local, foreign, local)
+// for a new key each time: 6 round trips and 3 commits.
+func BenchmarkRunNewKey(b *testing.B) {
+	for _, perCPU := range []int{1, 4} {
+		b.Run(fmt.Sprintf("goroutines=%d", perCPU*runtime.GOMAXPROCS(0)), func(b *testing.B) {
+			runner, wf, _ := benchSetup(b)
+			ctx := context.Background()
+			var seq atomic.Int64
+			b.ReportAllocs()
+			b.SetParallelism(perCPU)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					key := fmt.Sprintf("key-%d", seq.Add(1))
+					if _, err := runner.Run(ctx, wf, orderRequest("u", key)); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		})
+	}
+}

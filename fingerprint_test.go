@@ -1,0 +1,231 @@
+package atomicphase_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+)
+
+func TestCanonicalJSON(t *testing.T) {
+	t.Parallel()
+	cases := []struct{ in, want string }{
+		{``, ``},
+		{`  `, ``},
+		{`{"b":1,"a":2}`, `{"a":2,"b":1}`},
+		{" {\n \"a\" : [ 1 , 2 ] } ", `{"a":[1,2]}`},
+		{`[1.0, 1e0, 10e-1, -0, 0.000001, 1e-7, 1e21, 123456789012345678901, 1.5e300]`,
+			`[1,1,1,0,0.000001,1e-7,1e+21,123456789012345680000,1.5e+300]`},
+		{`"\u00e9\u0001\n\/"`, "\"é\\u0001\\n/\""},
+		// RFC 8785 orders by UTF-16 code units: U+1F600 (surrogates D83D…)
+		// sorts before U+FB01 although its UTF-8 bytes sort after.
+		{`{"\ufb01":1,"😀":2,"a":3}`, `{"a":3,"😀":2,"ﬁ":1}`},
+		{`{"nested":{"z":null,"y":true,"x":false}}`, `{"nested":{"x":false,"y":true,"z":null}}`},
+	}
+	for _, c := range cases {
+		got, err := atomicphase.CanonicalJSON([]byte(c.in))
+		require.NoError(t, err, c.in)
+		require.Equal(t, c.want, string(got), c.in)
+	}
+}
+
+func TestCanonicalJSONRejects(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{`{"a":1,"a":2}`, `{"a":`, `[1,]`, `1 2`, `1e400`, "\"\xff\"", `{"a" 1}`} {
+		_, err := atomicphase.CanonicalJSON([]byte(in))
+		require.Error(t, err, in)
+	}
+}
+
+func TestFingerprintIdentifiesTheRequest(t *testing.T) {
+	t.Parallel()
+	base, err := atomicphase.FingerprintOf("POST", "/rides", []byte(`{"a":1}`))
+	require.NoError(t, err)
+	for _, other := range [][3]string{
+		{"PUT", "/rides", `{"a":1}`},
+		{"POST", "/ride", `{"a":1}`},
+		{"POST", "/rides", `{"a":2}`},
+		{"POST", "/rides", `{"a":"1"}`},
+		{"POST", "/rides", ``},
+		// Length-prefixing keeps parts from bleeding into each other.
+		{"POST/", "rides", `{"a":1}`},
+	} {
+		fp, err := atomicphase.FingerprintOf(other[0], other[1], []byte(other[2]))
+		require.NoError(t, err)
+		require.NotEqual(t, base, fp, "%v", other)
+	}
+}
+
+// FuzzFingerprint builds a JSON document from the fuzzer's bytes, encodes it
+// twice with different member orders and spacing, and checks the
+// fingerprints agree; then changes one leaf value and checks they differ.
+func FuzzFingerprint(f *testing.F) {
+	for _, seed := range []string{"", "a", "abcdefgh", "\x00\x01\x02\x03\x04\x05", "zzzzzzzzzzzzzzzzzzzzzzzzzzz"} {
+		f.Add([]byte(seed), uint64(1))
+	}
+	f.Fuzz(func(t *testing.T, data []byte, seed uint64) {
+		g := &gen{data: data}
+		doc := g.value(0)
+		rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+
+		a := render(doc, rng, false)
+		b := render(doc, rng, true)
+		fa, err := atomicphase.FingerprintOf("POST", "/x", []byte(a))
+		require.NoError(t, err, a)
+		fb, err := atomicphase.FingerprintOf("POST", "/x", []byte(b))
+		require.NoError(t, err, b)
+		require.Equal(t, fa, fb, "reordering and re-spacing changed the fingerprint:\n%s\n%s", a, b)
+
+		changed, ok := mutate(doc, int(seed%7))
+		if !ok {
+			return
+		}
+		c := render(changed, rng, true)
+		fc, err := atomicphase.FingerprintOf("POST", "/x", []byte(c))
+		require.NoError(t, err, c)
+		require.NotEqual(t, fa, fc, "a changed value kept the fingerprint:\n%s\n%s", a, c)
+	})
+}
+
+// gen turns fuzz bytes into a JSON value tree.
+type gen struct {
+	data []byte
+	pos  int
+}
+
+func (g *gen) next() byte {
+	if g.pos >= len(g.data) {
+		return 0
+	}
+	g.pos++
+	return g.data[g.pos-1]
+}
+
+func (g *gen) value(depth int) any {
+	switch k := g.next() % 6; {
+	case k == 0 && depth < 4:
+		obj := map[string]any{}
+		for n := int(g.next() % 4); n > 0; n-- {
+			obj[g.str()] = g.value(depth + 1)
+		}
+		return obj
+	case k == 1 && depth < 4:
+		arr := []any{}
+		for n := int(g.next() % 4); n > 0; n-- {
+			arr = append(arr, g.value(depth+1))
+		}
+		return arr
+	case k == 2:
+		return g.str()
+	case k == 3:
+		return float64(int8(g.next())) / 4 // exact in binary, so text forms vary safely
+	case k == 4:
+		return g.next()%2 == 0
+	default:
+		return nil
+	}
+}
+
+func (g *gen) str() string {
+	const alphabet = "abAB é😀\"\\\n\t/ﬁ"
+	runes := []rune(alphabet)
+	var b strings.Builder
+	for n := int(g.next() % 5); n > 0; n-- {
+		b.WriteRune(runes[int(g.next())%len(runes)])
+	}
+	return b.String()
+}
+
+// render writes v as JSON, shuffling members and adding whitespace and
+// alternative number spellings when noisy.
+func render(v any, rng *rand.Rand, noisy bool) string {
+	ws := func() string {
+		if !noisy {
+			return ""
+		}
+		return []string{"", " ", "\n", "\t ", "\r\n  "}[rng.IntN(5)]
+	}
+	switch x := v.(type) {
+	case map[string]any:
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		if noisy {
+			rng.Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
+		}
+		parts := make([]string, len(keys))
+		for i, k := range keys {
+			kb, _ := json.Marshal(k)
+			parts[i] = ws() + string(kb) + ws() + ":" + ws() + render(x[k], rng, noisy) + ws()
+		}
+		return "{" + strings.Join(parts, ",") + ws() + "}"
+	case []any:
+		parts := make([]string, len(x))
+		for i, e := range x {
+			parts[i] = ws() + render(e, rng, noisy) + ws()
+		}
+		return "[" + strings.Join(parts, ",") + "]"
+	case float64:
+		if noisy {
+			switch rng.IntN(3) {
+			case 0:
+				return fmt.Sprintf("%e", x)
+			case 1:
+				return fmt.Sprintf("%.6f", x)
+			}
+		}
+		return fmt.Sprint(x)
+	default:
+		b, _ := json.Marshal(x)
+		return string(b)
+	}
+}
+
+// mutate changes the first leaf it finds, walking in sorted order; ok is
+// false when the document has no leaf to change.
+func mutate(v any, which int) (any, bool) {
+	switch x := v.(type) {
+	case map[string]any:
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if nv, ok := mutate(x[k], which); ok {
+				out := map[string]any{}
+				for kk, vv := range x {
+					out[kk] = vv
+				}
+				out[k] = nv
+				return out, true
+			}
+		}
+		return nil, false
+	case []any:
+		for i := range x {
+			if nv, ok := mutate(x[i], which); ok {
+				out := append([]any(nil), x...)
+				out[i] = nv
+				return out, true
+			}
+		}
+		return nil, false
+	case string:
+		return x + "!", true
+	case float64:
+		return x + 0.25, true
+	case bool:
+		return !x, true
+	default:
+		return []any{which}, true // null becomes something else
+	}
+}
