@@ -59,3 +59,11 @@ func (p FaultPoint) String() string {
 type FaultInjector interface {
 	InjectFault(ctx context.Context, at FaultPoint, conn *pgx.Conn) error
 }
+
+// FaultInjectorFunc adapts a function to FaultInjector.
+type FaultInjectorFunc func(ctx context.Context, at FaultPoint, conn *pgx.Conn) error
+
+// InjectFault calls f.
+func (f FaultInjectorFunc) InjectFault(ctx context.Context, at FaultPoint, conn *pgx.Conn) error {
+	return f(ctx, at, conn)
+}

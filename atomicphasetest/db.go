@@ -49,6 +49,8 @@ type DB struct {
 	URL string
 	// Pool is connected to it and closed when the test ends.
 	Pool *pgxpool.Pool
+
+	admin *pgxpool.Pool
 }
 
 // shared is the server a test process uses, started on first need. It is
@@ -117,50 +119,70 @@ func server(ctx context.Context) (*Server, *pgxpool.Pool, error) {
 // had; the message says how to provide one.
 func NewDB(t testing.TB, opts *Options) *DB {
 	t.Helper()
-	if opts == nil {
-		opts = &Options{}
-	}
-	if opts.Setup != nil && opts.SetupID == "" {
-		t.Fatal("atomicphasetest: Options.Setup needs a SetupID naming what it creates")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	srv, admin, err := server(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl, err := ensureTemplate(ctx, srv, admin, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := "atomicphase_test_" + randomHex(8)
-	if err := cloneTemplate(ctx, admin, tmpl, name); err != nil {
-		t.Fatal(err)
-	}
-	url, err := withDatabase(srv.URL, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if opts.PoolConfig != nil {
-		opts.PoolConfig(cfg)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	db, err := Open(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		pool.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			t.Errorf("atomicphasetest: drop database %s: %v", name, err)
+		if err := db.Close(); err != nil {
+			t.Errorf("atomicphasetest: %v", err)
 		}
 	})
-	return &DB{Name: name, URL: url, Pool: pool}
+	return db
+}
+
+// Open is NewDB for code without a testing.TB (examples, tools): it returns
+// a migrated database of its own on the process's server, which the caller
+// must Close.
+func Open(ctx context.Context, opts *Options) (*DB, error) {
+	if opts == nil {
+		opts = &Options{}
+	}
+	if opts.Setup != nil && opts.SetupID == "" {
+		return nil, errors.New("atomicphasetest: Options.Setup needs a SetupID naming what it creates")
+	}
+	srv, admin, err := server(ctx)
+	if err != nil {
+		return nil, err
+	}
+	tmpl, err := ensureTemplate(ctx, srv, admin, opts)
+	if err != nil {
+		return nil, err
+	}
+	name := "atomicphase_test_" + randomHex(8)
+	if err := cloneTemplate(ctx, admin, tmpl, name); err != nil {
+		return nil, err
+	}
+	db := &DB{Name: name, admin: admin}
+	if db.URL, err = withDatabase(srv.URL, name); err != nil {
+		return nil, errors.Join(err, db.Close())
+	}
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		return nil, errors.Join(err, db.Close())
+	}
+	if opts.PoolConfig != nil {
+		opts.PoolConfig(cfg)
+	}
+	if db.Pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		return nil, errors.Join(err, db.Close())
+	}
+	return db, nil
+}
+
+// Close closes the pool and drops the database.
+func (db *DB) Close() error {
+	if db.Pool != nil {
+		db.Pool.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := db.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{db.Name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("drop database %s: %w", db.Name, err)
+	}
+	return nil
 }
 
 // ensureTemplate creates the migrated template database once. Processes

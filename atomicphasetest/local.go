@@ -135,7 +135,7 @@ func runPostgres(ctx context.Context, bin, dir, data string, port int, cred *sys
 		cancel()
 		if err == nil {
 			_ = conn.Close(ctx)
-			return &Server{URL: url, Kind: "local", stop: stop}, nil
+			return &Server{URL: url, Kind: "local", stop: stop, dir: dir}, nil
 		}
 		select {
 		case <-exited:

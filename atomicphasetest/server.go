@@ -39,6 +39,7 @@ type Server struct {
 	// Kind says where the server came from: "env", "local" or "docker".
 	Kind string
 	stop func() error
+	dir  string // a local server's temporary directory
 }
 
 // Stop shuts down a server this package started and removes its files. It
@@ -84,7 +85,11 @@ func StartServer(ctx context.Context, logf func(format string, args ...any)) (*S
 		return srv, nil
 	}
 	reasons = append(reasons, "docker: "+err.Error())
-	return nil, errors.New("atomicphasetest: no PostgreSQL available. Either\n" +
+	return nil, noServerError(reasons)
+}
+
+func noServerError(reasons []string) error {
+	return errors.New("atomicphasetest: no PostgreSQL available. Either\n" +
 		"  1. set TEST_DATABASE_URL (or DATABASE_URL) to a server where the role may CREATE DATABASE, or\n" +
 		"  2. install PostgreSQL server binaries (initdb, postgres) on PATH or under /usr/lib/postgresql/*/bin\n" +
 		"     (Debian/Ubuntu: apt-get install postgresql), or\n" +

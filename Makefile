@@ -1,0 +1,47 @@
+# Every target that needs PostgreSQL gets one the way the test harness does:
+# TEST_DATABASE_URL / DATABASE_URL, else local binaries, else Docker; and if
+# none is there, scripts/ensure-postgres installs the binaries with apt-get.
+
+GO ?= go
+PKGS := ./...
+
+.PHONY: help
+help: ## List the targets
+	@grep -E '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+.PHONY: quickstart
+quickstart: postgres ## Run the quickstart example end to end
+	$(GO) run ./examples/quickstart
+
+.PHONY: test
+test: postgres ## Run the whole test suite against a real PostgreSQL
+	$(GO) test -count=1 $(PKGS)
+
+.PHONY: test/race
+test/race: postgres ## Run the whole test suite with the race detector
+	$(GO) test -race -count=1 $(PKGS)
+
+.PHONY: lint
+lint: ## Check formatting, go vet and a tidy go.mod
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	$(GO) mod tidy -diff
+
+.PHONY: bench
+bench: postgres ## Run the benchmarks
+	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+.PHONY: fuzz
+fuzz: ## Fuzz the fingerprint for a minute
+	$(GO) test -run '^$$' -fuzz FuzzFingerprint -fuzztime 60s .
+
+.PHONY: schema
+schema: ## Regenerate schema.sql from the migrations
+	@{ printf '%s\n' '-- The complete current atomicphase schema, for projects that apply schema' \
+	  '-- with their own migration tool. Migrate applies the same SQL from the' \
+	  '-- numbered files in migration/; a test keeps the two identical.' ''; \
+	  first=1; for f in migration/*.up.sql; do [ $$first = 1 ] || echo; first=0; cat $$f; done; } > schema.sql
+
+.PHONY: postgres
+postgres:
+	@./scripts/ensure-postgres

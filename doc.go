@@ -1,0 +1,59 @@
+// Package atomicphase makes multi-step, side-effecting request handlers safe
+// to retry, on PostgreSQL: a request identified by an idempotency key runs as
+// an ordered list of atomic phases, each one database transaction holding at
+// most one foreign side effect, and a retry resumes from the last phase that
+// committed — or replays the stored response byte for byte.
+//
+// # Declaring the work
+//
+// A Workflow is a name and an ordered list of phases over a state type S, a
+// JSON-serialisable struct that is committed with every phase, so later
+// phases (and later retries) see what earlier ones produced:
+//
+//	type ride struct {
+//		Origin   string `json:"origin"`
+//		RideID   int64  `json:"ride_id"`
+//		ChargeID string `json:"charge_id"`
+//	}
+//
+//	var createRide = atomicphase.MustWorkflow("create_ride", []atomicphase.Phase[ride]{
+//		atomicphase.Local("create_ride", insertRide),          // database only
+//		atomicphase.Foreign("charge", chargeCard, recordCharge), // one foreign call
+//		atomicphase.Local("send_receipt", stageReceipt),       // responds
+//	}, nil)
+//
+// A Local phase gets the phase's pgx.Tx and *S. A Foreign phase makes its one
+// call with no transaction or pooled connection held, through a
+// ForeignCall that carries a downstream idempotency key derived from the
+// workflow, scope, key and phase; then its record function stores the result
+// in the phase's transaction. A phase returns Continue (the default), JumpTo
+// a later phase, or Respond with the final status and body.
+//
+// # Running a request
+//
+// Apply the schema once with Migrate (or schema.sql), then:
+//
+//	runner, err := atomicphase.NewRunner(pool, nil)
+//	resp, err := runner.Run(ctx, createRide, atomicphase.Request{
+//		Scope: userID, Key: idempotencyKey,
+//		Method: "POST", Path: "/rides", Params: body,
+//	})
+//
+// The first attempt records the key (one round trip), runs the phases and
+// stores the response with the last one. A concurrent attempt gets
+// ErrInProgress at once; a finished key replays (resp.Replayed); a key reused
+// with another request gets ErrFingerprintMismatch. A phase that fails rolls
+// back and unlocks the key, and the next attempt resumes at that phase. An
+// attempt that died holding the lock is taken over after Config.LockTimeout,
+// and the lock token it no longer holds keeps it from committing anything
+// more (fencing).
+//
+// Resume continues an unfinished key with no request at hand, for a
+// background completer. Inspect reads a key's state.
+//
+// # Testing
+//
+// The atomicphasetest package hands tests a real, migrated PostgreSQL
+// database; the faultinject package crashes runs at every fault point and
+// checks that a workflow's invariants survive each one.
+package atomicphase

@@ -1,0 +1,242 @@
+// Command quickstart runs a three-phase workflow (record an order, charge it
+// at a payment API, confirm it) against a real PostgreSQL: one request, a
+// replay, and a request that crashes right after the payment API charged and
+// is then resumed without charging twice.
+//
+//	go run ./examples/quickstart
+//
+// With DATABASE_URL empty it starts a throwaway PostgreSQL itself.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/atomicphasetest"
+)
+
+// order is the workflow's state, committed with every phase.
+type order struct {
+	Item     string `json:"item"`
+	Amount   int    `json:"amount"`
+	OrderID  int64  `json:"order_id,omitempty"`
+	ChargeID string `json:"charge_id,omitempty"`
+}
+
+const lockTimeout = 2 * time.Second
+
+func main() {
+	if err := run(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, "quickstart:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context) error {
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		srv, err := atomicphasetest.StartServer(ctx, func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) })
+		if err != nil {
+			return err
+		}
+		defer srv.Stop()
+		url = srv.URL
+	}
+	trips := &roundTrips{}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return err
+	}
+	cfg.ConnConfig.Tracer = trips
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := atomicphase.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS quickstart_orders (
+		id bigserial PRIMARY KEY, item text NOT NULL, amount int NOT NULL, charge_id text)`); err != nil {
+		return err
+	}
+
+	payments := newPaymentAPI()
+	defer payments.Close()
+
+	// The crash switch: when armed, the attempt dies right after the
+	// payment API answered, before the charge phase commits.
+	var crashArmed atomic.Bool
+	runner, err := atomicphase.NewRunner(pool, &atomicphase.Config{
+		LockTimeout: lockTimeout,
+		FaultInjector: atomicphase.FaultInjectorFunc(func(_ context.Context, at atomicphase.FaultPoint, _ *pgx.Conn) error {
+			if at.Place == atomicphase.AfterForeign && crashArmed.CompareAndSwap(true, false) {
+				return atomicphase.ErrCrashed
+			}
+			return nil
+		}),
+	})
+	if err != nil {
+		return err
+	}
+	workflow := newOrderWorkflow(payments.URL)
+	run := time.Now().UnixNano() // keys unique to this run, should DATABASE_URL be reused
+	request := func(key string) atomicphase.Request {
+		return atomicphase.Request{Scope: "customer_42", Key: fmt.Sprintf("%s-%d", key, run),
+			Method: "POST", Path: "/orders", Params: []byte(`{"item": "rocket boots", "amount": 2000}`)}
+	}
+
+	fmt.Println("atomicphase quickstart: create_order → charge (payment API) → confirm")
+
+	trips.n.Store(0)
+	resp, err := runner.Run(ctx, workflow, request("order-a"))
+	if err != nil {
+		return err
+	}
+	fmt.Printf("1. order-a            → %d %s  (3 phases, %d round trips)\n", resp.Status, resp.Body, trips.n.Load())
+
+	trips.n.Store(0)
+	again, err := runner.Run(ctx, workflow, request("order-a"))
+	if err != nil {
+		return err
+	}
+	fmt.Printf("2. order-a again      → %d, replayed=%t, same bytes=%t, no phase ran (%d round trip)\n",
+		again.Status, again.Replayed, string(again.Body) == string(resp.Body), trips.n.Load())
+
+	crashArmed.Store(true)
+	_, err = runner.Run(ctx, workflow, request("order-b"))
+	if !errors.Is(err, atomicphase.ErrCrashed) {
+		return fmt.Errorf("expected the injected crash, got %v", err)
+	}
+	fmt.Printf("3. order-b            → crashed after the payment API charged, before recording it (charges so far: %d)\n", payments.Charges())
+
+	_, err = runner.Run(ctx, workflow, request("order-b"))
+	var busy *atomicphase.InProgressError
+	if !errors.As(err, &busy) {
+		return fmt.Errorf("expected in-progress, got %v", err)
+	}
+	fmt.Printf("4. order-b retry      → in progress: the dead attempt's lock holds until the %s lock timeout\n", lockTimeout)
+
+	time.Sleep(lockTimeout)
+	resp, err = runner.Run(ctx, workflow, request("order-b"))
+	if err != nil {
+		return err
+	}
+	fmt.Printf("5. order-b retry      → %d %s  (resumed at the charge phase)\n", resp.Status, resp.Body)
+
+	var orders int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM quickstart_orders WHERE charge_id IS NOT NULL AND id IN (
+		SELECT (state->>'order_id')::bigint FROM idempotency_keys WHERE idempotency_key LIKE '%-' || $1)`, fmt.Sprint(run)).Scan(&orders); err != nil {
+		return err
+	}
+	fmt.Printf("   payment API: %d charge requests, %d distinct charges · database: %d orders for 2 keys\n",
+		payments.Requests(), payments.Charges(), orders)
+	if payments.Charges() != 2 || orders != 2 {
+		return errors.New("invariant violated: expected exactly 2 charges and 2 orders")
+	}
+	return nil
+}
+
+func newOrderWorkflow(paymentsURL string) *atomicphase.Workflow[order] {
+	return atomicphase.MustWorkflow("create_order", []atomicphase.Phase[order]{
+		atomicphase.Local("create_order", func(ctx context.Context, tx pgx.Tx, o *order) (atomicphase.Outcome, error) {
+			err := tx.QueryRow(ctx, `INSERT INTO quickstart_orders (item, amount) VALUES ($1, $2) RETURNING id`,
+				o.Item, o.Amount).Scan(&o.OrderID)
+			return atomicphase.Continue(), err
+		}),
+		// The foreign phase: no transaction is open during the HTTP call,
+		// which carries the derived downstream idempotency key.
+		atomicphase.Foreign("charge", func(ctx context.Context, call *atomicphase.ForeignCall, o *order) error {
+			client := &http.Client{Transport: call.Transport(nil), Timeout: 10 * time.Second}
+			body := fmt.Sprintf("amount=%d&order=%d", o.Amount, o.OrderID)
+			resp, err := client.Post(paymentsURL+"/charges", "application/x-www-form-urlencoded", strings.NewReader(body))
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			var ch struct{ ID string }
+			if err := json.NewDecoder(resp.Body).Decode(&ch); err != nil {
+				return err
+			}
+			o.ChargeID = ch.ID
+			return nil
+		}, func(ctx context.Context, tx pgx.Tx, o *order) (atomicphase.Outcome, error) {
+			_, err := tx.Exec(ctx, `UPDATE quickstart_orders SET charge_id = $1 WHERE id = $2`, o.ChargeID, o.OrderID)
+			return atomicphase.Continue(), err
+		}),
+		atomicphase.Local("confirm", func(ctx context.Context, tx pgx.Tx, o *order) (atomicphase.Outcome, error) {
+			body, err := json.Marshal(map[string]any{"order_id": o.OrderID, "charge_id": o.ChargeID})
+			return atomicphase.Respond(201, body), err
+		}),
+	}, nil)
+}
+
+// paymentAPI is a small in-process payment service that, like Stripe,
+// answers a repeated Idempotency-Key with the first response.
+type paymentAPI struct {
+	*httptest.Server
+	mu       sync.Mutex
+	byKey    map[string]string
+	requests int
+}
+
+func newPaymentAPI() *paymentAPI {
+	p := &paymentAPI{byKey: map[string]string{}}
+	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		key := r.Header.Get("Idempotency-Key")
+		p.mu.Lock()
+		p.requests++
+		id, seen := p.byKey[key]
+		if !seen {
+			id = fmt.Sprintf("ch_%d", len(p.byKey)+1)
+			p.byKey[key] = id
+		}
+		p.mu.Unlock()
+		fmt.Fprintf(w, `{"id":%q}`, id)
+	}))
+	return p
+}
+
+// Charges counts distinct charges: one per idempotency key.
+func (p *paymentAPI) Charges() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.byKey)
+}
+
+// Requests counts charge requests, repeats included.
+func (p *paymentAPI) Requests() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.requests
+}
+
+// roundTrips counts statements and batches sent to PostgreSQL.
+type roundTrips struct{ n atomic.Int64 }
+
+func (c *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
