@@ -116,6 +116,9 @@ func run(ctx context.Context) error {
 	}
 	fmt.Printf("2. order-a again      → %d, replayed=%t, same bytes=%t, no phase ran (%d round trip)\n",
 		again.Status, again.Replayed, string(again.Body) == string(resp.Body), trips.n.Load())
+	if !again.Replayed || string(again.Body) != string(resp.Body) {
+		return errors.New("invariant violated: the replay differs from the first response")
+	}
 
 	crashArmed.Store(true)
 	_, err = runner.Run(ctx, workflow, request("order-b"))
