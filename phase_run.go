@@ -102,10 +102,11 @@ func (a *attempt) unlock(ctx context.Context) error {
 // runPhase makes a foreign phase's call (once), then commits the phase,
 // retrying its transaction on serialization failures and deadlocks.
 func (a *attempt) runPhase(ctx context.Context, idx int, st *step, state []byte) (phaseResult, error) {
-	if err := a.fault(ctx, st.name, BeforePhase, nil); err != nil {
-		return phaseResult{}, err
-	}
 	if st.call != nil {
+		// A foreign phase holds no connection before its call.
+		if err := a.fault(ctx, st.name, BeforePhase, nil); err != nil {
+			return phaseResult{}, err
+		}
 		fc := &ForeignCall{key: DownstreamKey(a.wf.Name(), a.scope, a.key, st.name)}
 		out, err := st.call(ctx, fc, state)
 		if ferr := a.fault(ctx, st.name, AfterForeign, nil); ferr != nil {
@@ -158,6 +159,12 @@ func (a *attempt) commitPhase(ctx context.Context, idx int, st *step, state []by
 		}
 	}()
 
+	if st.call == nil {
+		// A local phase's body is about to run on this connection.
+		if err := a.fault(ctx, st.name, BeforePhase, pc.Conn()); err != nil {
+			return res, err
+		}
+	}
 	out := Outcome{}
 	if st.local != nil {
 		if state, out, err = st.local(ctx, ptx, state); err == nil {

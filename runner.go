@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -341,12 +342,24 @@ func (r *Runner) validateKey(scope, key string) error {
 	return nil
 }
 
-// storeError classifies a failed key-store statement: anything that is not
-// an error reported by the server means the store could not be reached.
+// storeError classifies a failed key-store statement. The store counts as
+// unavailable when the driver never got an answer (no server error at all),
+// or when the server answered by dropping the connection: a FATAL or PANIC
+// error, a connection exception (class 08) or an operator intervention
+// (57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot connect now),
+// as when the backend was terminated while the connection sat in the pool.
 func storeError(what string, err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("atomicphase: %s: %w", what, err)
+	}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.As(err, &pgErr) && !connectionLost(pgErr) {
 		return fmt.Errorf("atomicphase: %s: %w", what, err)
 	}
 	return fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, what, err)
+}
+
+func connectionLost(e *pgconn.PgError) bool {
+	return e.Severity == "FATAL" || e.Severity == "PANIC" ||
+		strings.HasPrefix(e.Code, "08") || strings.HasPrefix(e.Code, "57P0")
 }
