@@ -50,7 +50,7 @@ func versionOf(binDir string) int {
 // it on a free loopback port, tuned for tests (no fsync: nothing here must
 // survive an OS crash, only a process crash, which PostgreSQL handles alike).
 func startLocal(ctx context.Context, bin string) (*Server, error) {
-	dir, err := os.MkdirTemp("", "atomicphase-pg-")
+	dir, err := os.MkdirTemp(tempBase(), "atomicphase-pg-")
 	if err != nil {
 		return nil, err
 	}
@@ -186,6 +186,21 @@ func serverCredential(dir string) (*syscall.Credential, error) {
 		return nil, err
 	}
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+// tempBase prefers a memory-backed directory for the throwaway cluster:
+// cloning a database there takes ~20ms instead of ~300ms on a disk, and
+// nothing in it must survive a reboot.
+func tempBase() string {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs("/dev/shm", &st); err == nil && st.Bavail*uint64(st.Bsize) >= 1<<30 {
+		if f, err := os.CreateTemp("/dev/shm", "atomicphase-probe-"); err == nil {
+			f.Close()
+			os.Remove(f.Name())
+			return "/dev/shm"
+		}
+	}
+	return os.TempDir()
 }
 
 func freePort() (int, error) {
