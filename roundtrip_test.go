@@ -2,10 +2,8 @@ package atomicphase_test
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -13,28 +11,12 @@ import (
 	"github.com/atomicphase/atomicphase/atomicphasetest"
 )
 
-// roundTripCounter counts the statements and batches sent: with statements
-// already prepared on the connection, each is one network round trip.
-type roundTripCounter struct{ n atomic.Int64 }
-
-func (c *roundTripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *roundTripCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *roundTripCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *roundTripCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *roundTripCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
 // TestRoundTripBudget pins the cost of the hot paths: acquisition and replay
 // are one round trip each; a phase costs its own statements (BEGIN rides
 // along with the first) plus one for its recovery point and COMMIT.
 func TestRoundTripBudget(t *testing.T) {
 	t.Parallel()
-	counter := &roundTripCounter{}
+	counter := &atomicphasetest.RoundTrips{}
 	opts := *testDBOpts
 	opts.PoolConfig = func(cfg *pgxpool.Config) {
 		cfg.MaxConns = 1 // one connection, so statements stay prepared
@@ -50,23 +32,23 @@ func TestRoundTripBudget(t *testing.T) {
 	_, err = runner.Run(ctx, wf, orderRequest("u", "warm-up"))
 	require.NoError(t, err)
 
-	counter.n.Store(0)
+	counter.Reset()
 	_, err = runner.Run(ctx, wf, orderRequest("u", "measured"))
 	require.NoError(t, err)
 	// acquire 1 · create: INSERT(+BEGIN) 1, checkpoint+COMMIT 1 ·
 	// charge: checkpoint 1 · finish: INSERT(+BEGIN) 1, checkpoint+COMMIT 1
-	require.Equal(t, int64(6), counter.n.Load(), "round trips for a new key through create → charge → finish")
+	require.Equal(t, int64(6), counter.Count(), "round trips for a new key through create → charge → finish")
 
-	counter.n.Store(0)
+	counter.Reset()
 	resp, err := runner.Run(ctx, wf, orderRequest("u", "measured"))
 	require.NoError(t, err)
 	require.True(t, resp.Replayed)
-	require.Equal(t, int64(1), counter.n.Load(), "a replay is one round trip")
+	require.Equal(t, int64(1), counter.Count(), "a replay is one round trip")
 
-	counter.n.Store(0)
+	counter.Reset()
 	_, err = runner.Run(ctx, wf, atomicphase.Request{Scope: "u", Key: "measured", Method: "POST", Path: "/other"})
 	require.ErrorIs(t, err, atomicphase.ErrFingerprintMismatch)
-	require.Equal(t, int64(1), counter.n.Load(), "a mismatch is one round trip")
+	require.Equal(t, int64(1), counter.Count(), "a mismatch is one round trip")
 }
 
 // TestReplayWritesNothing checks that replays leave the key row's tuple

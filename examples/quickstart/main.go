@@ -56,7 +56,7 @@ func run(ctx context.Context) error {
 		defer srv.Stop()
 		url = srv.URL
 	}
-	trips := &roundTrips{}
+	trips := &atomicphasetest.RoundTrips{}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return err
@@ -102,20 +102,20 @@ func run(ctx context.Context) error {
 
 	fmt.Println("atomicphase quickstart: create_order → charge (payment API) → confirm")
 
-	trips.n.Store(0)
+	trips.Reset()
 	resp, err := runner.Run(ctx, workflow, request("order-a"))
 	if err != nil {
 		return err
 	}
-	fmt.Printf("1. order-a            → %d %s  (3 phases, %d round trips)\n", resp.Status, resp.Body, trips.n.Load())
+	fmt.Printf("1. order-a            → %d %s  (3 phases, %d round trips)\n", resp.Status, resp.Body, trips.Count())
 
-	trips.n.Store(0)
+	trips.Reset()
 	again, err := runner.Run(ctx, workflow, request("order-a"))
 	if err != nil {
 		return err
 	}
 	fmt.Printf("2. order-a again      → %d, replayed=%t, same bytes=%t, no phase ran (%d round trip)\n",
-		again.Status, again.Replayed, string(again.Body) == string(resp.Body), trips.n.Load())
+		again.Status, again.Replayed, string(again.Body) == string(resp.Body), trips.Count())
 	if !again.Replayed || string(again.Body) != string(resp.Body) {
 		return errors.New("invariant violated: the replay differs from the first response")
 	}
@@ -228,18 +228,3 @@ func (p *paymentAPI) Requests() int {
 	defer p.mu.Unlock()
 	return p.requests
 }
-
-// roundTrips counts statements and batches sent to PostgreSQL.
-type roundTrips struct{ n atomic.Int64 }
-
-func (c *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
