@@ -1,0 +1,192 @@
+// Package aphttp puts an atomicphase workflow behind a net/http handler,
+// with the status codes of the IETF Idempotency-Key draft: 400 for a
+// missing or malformed key, 409 with Retry-After while another request holds
+// the key, 422 for a key reused with another payload, a byte-identical
+// replay marked Idempotent-Replayed: true, 5xx with nothing stored for a
+// transient failure, and errors as application/problem+json (RFC 9457).
+//
+// It is standard net/http middleware, so it drops into chi, gorilla, echo's
+// standard adapter and plain muxes alike:
+//
+//	mw := aphttp.Middleware(runner, createRide, &aphttp.Options{
+//		Scope: func(r *http.Request) (string, error) { return userFrom(r) },
+//	})
+//	mux.Handle("/rides", mw(listRides)) // GET passes through to listRides
+package aphttp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+
+	"github.com/atomicphase/atomicphase"
+)
+
+// DefaultMaxBodyBytes is Options.MaxBodyBytes's default: 1 MiB.
+const DefaultMaxBodyBytes = 1 << 20
+
+// Options configure Middleware. A nil *Options is invalid: Scope is
+// required.
+type Options struct {
+	// Scope returns who the request is from (the authenticated user or
+	// tenant); keys are unique per scope. An error answers 401 with its
+	// message as the detail, and nothing is stored. Required.
+	Scope func(r *http.Request) (string, error)
+
+	// MaxBodyBytes is the largest request body accepted; a larger one gets
+	// 413 before anything is stored. Defaults to 1 MiB.
+	MaxBodyBytes int64
+
+	// PassThroughWithoutKey sends POST and PATCH requests that carry no
+	// Idempotency-Key to the next handler instead of answering 400.
+	// Defaults to false: a key is required.
+	PassThroughWithoutKey bool
+
+	// MaxKeyLength is the longest key accepted. Defaults to 255; keep it
+	// no larger than the Runner's Config.MaxKeyLength.
+	MaxKeyLength int
+
+	// ContentType is sent with a workflow's response when it stored no
+	// Content-Type header of its own. Defaults to "application/json".
+	ContentType string
+
+	// OnError, if set, is told of every 5xx answer's cause, for logging.
+	// Defaults to nothing.
+	OnError func(r *http.Request, err error)
+}
+
+// Middleware returns middleware that runs wf for POST and PATCH requests
+// and passes GET, HEAD, OPTIONS, PUT, DELETE (and every other method) to the
+// next handler untouched. It panics if opts has no Scope function, which is
+// a programming error caught at start-up.
+func Middleware(runner *atomicphase.Runner, wf atomicphase.AnyWorkflow, opts *Options) func(http.Handler) http.Handler {
+	if runner == nil || wf == nil {
+		panic("aphttp: Middleware needs a runner and a workflow")
+	}
+	if opts == nil || opts.Scope == nil {
+		panic("aphttp: Options.Scope is required: keys must be scoped to who sent them")
+	}
+	o := *opts
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if o.MaxKeyLength <= 0 {
+		o.MaxKeyLength = atomicphase.DefaultMaxKeyLength
+	}
+	if o.ContentType == "" {
+		o.ContentType = "application/json"
+	}
+	return func(next http.Handler) http.Handler {
+		return &handler{runner: runner, wf: wf, opts: o, next: next}
+	}
+}
+
+type handler struct {
+	runner *atomicphase.Runner
+	wf     atomicphase.AnyWorkflow
+	opts   Options
+	next   http.Handler
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost && r.Method != http.MethodPatch {
+		h.next.ServeHTTP(w, r)
+		return
+	}
+	key, err := ParseKey(r.Header, h.opts.MaxKeyLength)
+	switch {
+	case errors.Is(err, ErrMissingKey) && h.opts.PassThroughWithoutKey:
+		h.next.ServeHTTP(w, r)
+		return
+	case errors.Is(err, ErrMissingKey):
+		WriteProblem(w, Problem{Type: ProblemMissingKey, Title: "Idempotency-Key header required", Status: http.StatusBadRequest,
+			Detail: "send an Idempotency-Key header with a unique key for this request, and the same key on every retry of it"}, 0)
+		return
+	case err != nil:
+		WriteProblem(w, Problem{Type: ProblemInvalidKey, Title: "Malformed Idempotency-Key header", Status: http.StatusBadRequest, Detail: err.Error()}, 0)
+		return
+	}
+	scope, err := h.opts.Scope(r)
+	if err != nil {
+		WriteProblem(w, Problem{Type: ProblemUnauthorized, Title: "Unauthorized", Status: http.StatusUnauthorized, Detail: err.Error()}, 0)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.MaxBodyBytes))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		WriteProblem(w, Problem{Type: ProblemBodyTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge,
+			Detail: fmt.Sprintf("the body may be at most %d bytes", h.opts.MaxBodyBytes)}, 0)
+		return
+	case err != nil:
+		// The client went away or sent a broken body: nothing to answer.
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+
+	resp, err := h.runner.Run(r.Context(), h.wf, atomicphase.Request{
+		Scope: scope, Key: key, Method: r.Method, Path: r.URL.Path, Params: body,
+	})
+	if err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	hdr := w.Header()
+	for k, vs := range resp.Header {
+		hdr[k] = append([]string(nil), vs...)
+	}
+	if hdr.Get("Content-Type") == "" {
+		hdr.Set("Content-Type", h.opts.ContentType)
+	}
+	if resp.Replayed {
+		hdr.Set("Idempotent-Replayed", "true")
+	}
+	w.WriteHeader(resp.Status)
+	_, _ = w.Write(resp.Body)
+}
+
+// writeError maps Run's errors onto the draft's status codes.
+func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	var inProgress *atomicphase.InProgressError
+	switch {
+	case errors.As(err, &inProgress):
+		WriteProblem(w, Problem{Type: ProblemInProgress, Title: "A request with this Idempotency-Key is in progress", Status: http.StatusConflict,
+			Detail: "retry after the Retry-After delay to get its result"}, retryAfterSeconds(inProgress.RetryAfter.Seconds()))
+	case errors.Is(err, atomicphase.ErrLockLost):
+		// A newer attempt took the key over; it owns the answer now.
+		WriteProblem(w, Problem{Type: ProblemInProgress, Title: "A request with this Idempotency-Key is in progress", Status: http.StatusConflict,
+			Detail: "a newer attempt took this request over; retry to get its result"}, 1)
+	case errors.Is(err, atomicphase.ErrFingerprintMismatch):
+		WriteProblem(w, Problem{Type: ProblemKeyReused, Title: "Idempotency-Key reused with a different request", Status: http.StatusUnprocessableEntity,
+			Detail: "this key was first used with another method, path or body; use a new key for a new request"}, 0)
+	case errors.Is(err, atomicphase.ErrInvalidKey):
+		WriteProblem(w, Problem{Type: ProblemInvalidKey, Title: "Malformed Idempotency-Key header", Status: http.StatusBadRequest, Detail: err.Error()}, 0)
+	case errors.Is(err, atomicphase.ErrInvalidRequest):
+		WriteProblem(w, Problem{Type: ProblemInvalidRequest, Title: "Invalid request body", Status: http.StatusUnprocessableEntity, Detail: err.Error()}, 0)
+	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
+		// The client hung up; nobody reads this answer.
+		w.WriteHeader(499)
+	case errors.Is(err, atomicphase.ErrStoreUnavailable):
+		h.report(r, err)
+		WriteProblem(w, Problem{Type: ProblemStoreUnavailable, Title: "Service unavailable", Status: http.StatusServiceUnavailable,
+			Detail: "nothing was done; retry with the same Idempotency-Key"}, 1)
+	default:
+		h.report(r, err)
+		WriteProblem(w, Problem{Type: ProblemTransientFailure, Title: "Temporary failure", Status: http.StatusServiceUnavailable,
+			Detail: "nothing was stored; retry with the same Idempotency-Key to resume where this attempt stopped"}, 1)
+	}
+}
+
+func (h *handler) report(r *http.Request, err error) {
+	if h.opts.OnError != nil {
+		h.opts.OnError(r, err)
+	}
+}
+
+// retryAfterSeconds rounds a wait up to whole seconds, at least one.
+func retryAfterSeconds(s float64) int {
+	return max(1, int(math.Ceil(s)))
+}

@@ -1,0 +1,271 @@
+package aphttp_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/aphttp"
+	"github.com/atomicphase/atomicphase/atomicphasetest"
+)
+
+func TestMain(m *testing.M) { os.Exit(atomicphasetest.Main(m)) }
+
+type note struct {
+	Text string `json:"text"`
+}
+
+type bundle struct {
+	srv     *httptest.Server
+	runs    atomic.Int32
+	fail    atomic.Bool
+	block   chan struct{}
+	entered chan struct{}
+	runner  *atomicphase.Runner
+}
+
+// setup serves POST /notes through the middleware; other methods reach a
+// handler that answers 299 so pass-through is visible.
+func setup(t *testing.T, opts *aphttp.Options) *bundle {
+	t.Helper()
+	db := atomicphasetest.NewDB(t, nil)
+	return setupOn(t, db.Pool, opts)
+}
+
+func setupOn(t *testing.T, pool *pgxpool.Pool, opts *aphttp.Options) *bundle {
+	t.Helper()
+	b := &bundle{}
+	runner, err := atomicphase.NewRunner(pool, nil)
+	require.NoError(t, err)
+	b.runner = runner
+	wf := atomicphase.MustWorkflow("note", []atomicphase.Phase[note]{
+		atomicphase.Local("save", func(ctx context.Context, tx pgx.Tx, n *note) (atomicphase.Outcome, error) {
+			b.runs.Add(1)
+			if b.entered != nil {
+				close(b.entered)
+				<-b.block
+			}
+			if b.fail.Load() {
+				return atomicphase.Outcome{}, errors.New("downstream is down")
+			}
+			body, _ := json.Marshal(map[string]any{"saved": n.Text, "run": b.runs.Load()})
+			return atomicphase.Respond(201, body).WithHeader("Location", "/notes/1"), nil
+		}),
+	}, &atomicphase.WorkflowOpts[note]{Start: func(req *atomicphase.Request) (note, error) {
+		var n note
+		if err := json.Unmarshal(req.Params, &n); err != nil {
+			return n, err
+		}
+		if n.Text == "" {
+			return n, errors.New("text is required")
+		}
+		return n, nil
+	}})
+	o := aphttp.Options{Scope: func(r *http.Request) (string, error) {
+		user := r.Header.Get("X-User")
+		if user == "" {
+			return "", errors.New("who are you?")
+		}
+		return user, nil
+	}}
+	if opts != nil {
+		o.PassThroughWithoutKey, o.MaxBodyBytes = opts.PassThroughWithoutKey, opts.MaxBodyBytes
+	}
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(299) })
+	b.srv = httptest.NewServer(aphttp.Middleware(runner, wf, &o)(next))
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (b *bundle) do(t *testing.T, method, key, body string, headers ...string) reply {
+	t.Helper()
+	req, err := http.NewRequest(method, b.srv.URL+"/notes", strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("X-User", "alice")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Add(headers[i], headers[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return reply{resp.StatusCode, resp.Header, data}
+}
+
+func requireProblem(t *testing.T, r reply, status int, problemType string) {
+	t.Helper()
+	require.Equal(t, status, r.status, "body: %s", r.body)
+	require.Equal(t, "application/problem+json", r.header.Get("Content-Type"))
+	var p aphttp.Problem
+	require.NoError(t, json.Unmarshal(r.body, &p))
+	require.Equal(t, problemType, p.Type)
+	require.Equal(t, status, p.Status)
+	require.NotEmpty(t, p.Title)
+}
+
+func TestOtherMethodsPassThroughUntouched(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, m := range []string{"GET", "HEAD", "OPTIONS", "PUT", "DELETE"} {
+		r := b.do(t, m, "", "")
+		require.Equal(t, 299, r.status, m)
+		r = b.do(t, m, `"with-key"`, `{"text":"x"}`)
+		require.Equal(t, 299, r.status, "%s with a key still passes through", m)
+	}
+	require.Zero(t, b.runs.Load())
+}
+
+func TestMissingKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	requireProblem(t, b.do(t, "POST", "", `{"text":"x"}`), 400, aphttp.ProblemMissingKey)
+	requireProblem(t, b.do(t, "PATCH", "", `{"text":"x"}`), 400, aphttp.ProblemMissingKey)
+
+	pass := setup(t, &aphttp.Options{PassThroughWithoutKey: true})
+	require.Equal(t, 299, pass.do(t, "POST", "", `{"text":"x"}`).status)
+	require.Zero(t, b.runs.Load()+pass.runs.Load())
+}
+
+func TestMalformedKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, key := range []string{`""`, strings.Repeat("k", 256), `"` + strings.Repeat("k", 256) + `"`,
+		`"a", "b"`, `a,b`, `"unterminated`, `"x";param=1`, `"bad\escape"`, "caf\xc3\xa9"} {
+		requireProblem(t, b.do(t, "POST", key, `{"text":"x"}`), 400, aphttp.ProblemInvalidKey)
+	}
+	// Two header lines are a list too.
+	requireProblem(t, b.do(t, "POST", "one", `{"text":"x"}`, "Idempotency-Key", "two"), 400, aphttp.ProblemInvalidKey)
+	require.Zero(t, b.runs.Load())
+}
+
+func TestQuotedAndBareFormsAreTheSameKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	first := b.do(t, "POST", `"8e03978e-40d5-43e8-bc93-6894a57f9324"`, `{"text":"hi"}`)
+	require.Equal(t, 201, first.status)
+	second := b.do(t, "POST", "8e03978e-40d5-43e8-bc93-6894a57f9324", `{"text":"hi"}`)
+	require.Equal(t, 201, second.status)
+	require.Equal(t, "true", second.header.Get("Idempotent-Replayed"))
+	require.Equal(t, first.body, second.body)
+}
+
+func TestReplayIsByteIdenticalAndMarked(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	first := b.do(t, "POST", "k1", `{"text":"hello"}`)
+	require.Equal(t, 201, first.status)
+	require.Empty(t, first.header.Get("Idempotent-Replayed"))
+	require.Equal(t, "/notes/1", first.header.Get("Location"))
+	require.Equal(t, "application/json", first.header.Get("Content-Type"))
+
+	replay := b.do(t, "POST", "k1", "{ \"text\" :\n \"hello\" }") // same JSON, other spacing
+	require.Equal(t, 201, replay.status)
+	require.Equal(t, "true", replay.header.Get("Idempotent-Replayed"))
+	require.Equal(t, "/notes/1", replay.header.Get("Location"), "replayable headers are stored")
+	require.Equal(t, first.body, replay.body)
+	require.Equal(t, int32(1), b.runs.Load())
+}
+
+func TestKeyReusedWithAnotherBodyIs422(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	require.Equal(t, 201, b.do(t, "POST", "k", `{"text":"one"}`).status)
+	requireProblem(t, b.do(t, "POST", "k", `{"text":"two"}`), 422, aphttp.ProblemKeyReused)
+	require.Equal(t, int32(1), b.runs.Load())
+}
+
+func TestInProgressIs409WithRetryAfter(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.block, b.entered = make(chan struct{}), make(chan struct{})
+	done := make(chan reply, 1)
+	go func() { done <- b.do(t, "POST", "k", `{"text":"slow"}`) }()
+	<-b.entered
+	busy := b.do(t, "POST", "k", `{"text":"slow"}`)
+	requireProblem(t, busy, 409, aphttp.ProblemInProgress)
+	require.Equal(t, "1", busy.header.Get("Retry-After"))
+	requireProblem(t, b.do(t, "POST", "k", `{"text":"other"}`), 422, aphttp.ProblemKeyReused)
+	close(b.block)
+	require.Equal(t, 201, (<-done).status)
+}
+
+func TestTransientFailureStoresNothingAndResumes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.fail.Store(true)
+	r := b.do(t, "POST", "k", `{"text":"x"}`)
+	requireProblem(t, r, 503, aphttp.ProblemTransientFailure)
+	require.Equal(t, "1", r.header.Get("Retry-After"))
+	require.NotContains(t, string(r.body), "downstream is down", "internal errors are not leaked")
+	b.fail.Store(false)
+	ok := b.do(t, "POST", "k", `{"text":"x"}`)
+	require.Equal(t, 201, ok.status)
+	require.Empty(t, ok.header.Get("Idempotent-Replayed"), "the retry ran the workflow, it was not a replay")
+}
+
+func TestInvalidBodyIs422AndStoresNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	requireProblem(t, b.do(t, "POST", "k", `not json`), 422, aphttp.ProblemInvalidRequest)
+	requireProblem(t, b.do(t, "POST", "k", `{"text":""}`), 422, aphttp.ProblemInvalidRequest)
+	require.Equal(t, 201, b.do(t, "POST", "k", `{"text":"fixed"}`).status, "a corrected retry with the same key is processed")
+}
+
+func TestUnauthorizedIs401(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	req, _ := http.NewRequest("POST", b.srv.URL+"/notes", strings.NewReader(`{"text":"x"}`))
+	req.Header.Set("Idempotency-Key", "k")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, 401, resp.StatusCode)
+	require.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"))
+	require.Zero(t, b.runs.Load())
+}
+
+func TestBodyOverLimitIs413BeforeAnythingIsStored(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &aphttp.Options{MaxBodyBytes: 64})
+	requireProblem(t, b.do(t, "POST", "k", `{"text":"`+strings.Repeat("x", 100)+`"}`), 413, aphttp.ProblemBodyTooLarge)
+	require.Equal(t, 201, b.do(t, "POST", "k", `{"text":"small"}`).status, "the key was not stored")
+}
+
+func TestStoreUnavailableIs503(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=2")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b := setupOn(t, pool, nil)
+	requireProblem(t, b.do(t, "POST", "k", `{"text":"x"}`), 503, aphttp.ProblemStoreUnavailable)
+	require.Zero(t, b.runs.Load())
+}
+
+func TestMiddlewareRequiresScope(t *testing.T) {
+	t.Parallel()
+	require.Panics(t, func() {
+		aphttp.Middleware(&atomicphase.Runner{}, atomicphase.MustWorkflow("w", []atomicphase.Phase[note]{atomicphase.Local("p", func(context.Context, pgx.Tx, *note) (atomicphase.Outcome, error) { return atomicphase.Continue(), nil })}, nil), nil)
+	})
+}

@@ -1,0 +1,93 @@
+package aphttp
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+)
+
+// HeaderName is the request header carrying the idempotency key.
+const HeaderName = "Idempotency-Key"
+
+// Key errors. ParseKey wraps them with detail.
+var (
+	ErrMissingKey = errors.New("no Idempotency-Key header")
+	ErrInvalidKey = errors.New("malformed Idempotency-Key header")
+)
+
+// ParseKey reads the Idempotency-Key header of h. It accepts the key as an
+// RFC 8941 sf-string ("abc", as the IETF draft writes it, with \" and \\
+// escapes) or as a bare token (abc, as Stripe clients send it): both forms
+// of the same characters are the same key. The key must be 1 to maxLen
+// printable ASCII characters. Several header lines, a comma-separated list,
+// parameters after the string, or anything else that is not one key is
+// ErrInvalidKey; no header at all is ErrMissingKey.
+func ParseKey(h http.Header, maxLen int) (string, error) {
+	values := h.Values(HeaderName)
+	switch len(values) {
+	case 0:
+		return "", ErrMissingKey
+	case 1:
+	default:
+		return "", fmt.Errorf("%w: it appears %d times; send one key", ErrInvalidKey, len(values))
+	}
+	v := strings.Trim(values[0], " \t") // optional whitespace around a field value
+	var key string
+	if strings.HasPrefix(v, `"`) {
+		k, rest, err := parseSFString(v)
+		if err != nil {
+			return "", fmt.Errorf("%w: %v", ErrInvalidKey, err)
+		}
+		if rest != "" {
+			return "", fmt.Errorf("%w: unexpected %q after the quoted key (a list or parameters?)", ErrInvalidKey, rest)
+		}
+		key = k
+	} else {
+		if i := strings.IndexAny(v, `,"`); i >= 0 {
+			return "", fmt.Errorf("%w: a bare key may not contain %q (a list?); quote it as an sf-string", ErrInvalidKey, v[i])
+		}
+		key = v
+	}
+	if key == "" {
+		return "", fmt.Errorf("%w: the key is empty", ErrInvalidKey)
+	}
+	if len(key) > maxLen {
+		return "", fmt.Errorf("%w: the key is %d characters long; the limit is %d", ErrInvalidKey, len(key), maxLen)
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x20 || c > 0x7e {
+			return "", fmt.Errorf("%w: character %d (0x%02x) is not printable ASCII", ErrInvalidKey, i, c)
+		}
+	}
+	return key, nil
+}
+
+// parseSFString parses an RFC 8941 sf-string at the start of s and returns
+// its value and what follows it.
+func parseSFString(s string) (value, rest string, err error) {
+	var b strings.Builder
+	for i := 1; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '\\':
+			i++
+			if i == len(s) || (s[i] != '"' && s[i] != '\\') {
+				return "", "", errors.New(`a backslash in a quoted key must escape " or \`)
+			}
+			b.WriteByte(s[i])
+		case c == '"':
+			return b.String(), s[i+1:], nil
+		case c < 0x20 || c > 0x7e:
+			return "", "", fmt.Errorf("character 0x%02x is not allowed in a quoted key", c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return "", "", errors.New("the quoted key has no closing quote")
+}
+
+// FormatKey writes key as an RFC 8941 sf-string, the form the IETF draft
+// uses; ParseKey reads it back.
+func FormatKey(key string) string {
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`
+}
