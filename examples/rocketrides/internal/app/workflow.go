@@ -1,0 +1,152 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stripe/stripe-go/v85"
+
+	"github.com/atomicphase/atomicphase"
+)
+
+// Ride is the workflow's state, committed with every phase.
+type Ride struct {
+	Email     string  `json:"email"`
+	Key       string  `json:"key"`
+	OriginLat float64 `json:"origin_lat"`
+	OriginLon float64 `json:"origin_lon"`
+	TargetLat float64 `json:"target_lat"`
+	TargetLon float64 `json:"target_lon"`
+
+	UserID     int64  `json:"user_id,omitempty"`
+	CustomerID string `json:"customer_id,omitempty"`
+	RideID     int64  `json:"ride_id,omitempty"`
+	ChargeID   string `json:"charge_id,omitempty"`
+	Declined   string `json:"declined,omitempty"` // the payment API's decline message
+}
+
+// Amount and Currency of every ride.
+const (
+	Amount   = 2000
+	Currency = "usd"
+)
+
+// NewWorkflow builds create_ride: record the ride (and an audit record),
+// charge the card at the payment API at stripeBase, stage the receipt job
+// and respond 201. A declined card is a stored 402.
+func NewWorkflow(stripeBase string) *atomicphase.Workflow[Ride] {
+	return atomicphase.MustWorkflow("create_ride", []atomicphase.Phase[Ride]{
+		atomicphase.Local("create_ride", createRide),
+		atomicphase.Foreign("charge", chargeFunc(stripeBase), recordCharge),
+		atomicphase.Local("send_receipt", sendReceipt),
+	}, &atomicphase.WorkflowOpts[Ride]{Start: startRide})
+}
+
+// startRide validates the body before anything is stored: a 422 for a bad
+// body leaves the key free for a corrected retry.
+func startRide(req *atomicphase.Request) (Ride, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(req.Params, &fields); err != nil || fields == nil {
+		return Ride{}, errors.New("the body must be a JSON object")
+	}
+	r := Ride{Email: req.Scope, Key: req.Key}
+	for _, f := range []struct {
+		name  string
+		limit float64
+		dst   *float64
+	}{
+		{"origin_lat", 90, &r.OriginLat}, {"origin_lon", 180, &r.OriginLon},
+		{"target_lat", 90, &r.TargetLat}, {"target_lon", 180, &r.TargetLon},
+	} {
+		raw, ok := fields[f.name]
+		if !ok {
+			return Ride{}, fmt.Errorf("%s is required", f.name)
+		}
+		if string(raw) == "null" || json.Unmarshal(raw, f.dst) != nil {
+			return Ride{}, fmt.Errorf("%s must be a number", f.name)
+		}
+		if *f.dst < -f.limit || *f.dst > f.limit {
+			return Ride{}, fmt.Errorf("%s must be within [-%g, %g]", f.name, f.limit, f.limit)
+		}
+	}
+	return r, nil
+}
+
+func createRide(ctx context.Context, tx pgx.Tx, r *Ride) (atomicphase.Outcome, error) {
+	if err := tx.QueryRow(ctx, `SELECT id, stripe_customer_id FROM users WHERE email = $1`, r.Email).
+		Scan(&r.UserID, &r.CustomerID); err != nil {
+		return atomicphase.Outcome{}, fmt.Errorf("look up user: %w", err)
+	}
+	if err := tx.QueryRow(ctx, `
+		INSERT INTO rides (idempotency_key, user_id, origin_lat, origin_lon, target_lat, target_lon)
+		VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
+		r.Key, r.UserID, r.OriginLat, r.OriginLon, r.TargetLat, r.TargetLon).Scan(&r.RideID); err != nil {
+		return atomicphase.Outcome{}, err
+	}
+	_, err := tx.Exec(ctx, `
+		INSERT INTO audit_records (action, data, resource_id, resource_type, user_id)
+		VALUES ('create_ride', $1, $2, 'ride', $3)`,
+		map[string]any{"origin_lat": r.OriginLat, "origin_lon": r.OriginLon, "target_lat": r.TargetLat, "target_lon": r.TargetLon},
+		r.RideID, r.UserID)
+	return atomicphase.Continue(), err
+}
+
+// chargeFunc charges through the real Stripe Go client, pointed at base,
+// with the derived downstream key and client-side retries off (the client
+// retries the whole request with its own key; each SDK retry would count as
+// another foreign call).
+func chargeFunc(base string) atomicphase.CallFunc[Ride] {
+	return func(ctx context.Context, call *atomicphase.ForeignCall, r *Ride) error {
+		backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
+			URL:               stripe.String(base),
+			HTTPClient:        &http.Client{Transport: call.Transport(nil), Timeout: 15 * time.Second},
+			MaxNetworkRetries: stripe.Int64(0),
+			LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
+			EnableTelemetry:   stripe.Bool(false),
+		})
+		sc := stripe.NewClient("sk_test_rocketrides", stripe.WithBackends(&stripe.Backends{API: backend}))
+		params := &stripe.ChargeCreateParams{
+			Amount:      stripe.Int64(Amount),
+			Currency:    stripe.String(Currency),
+			Customer:    stripe.String(r.CustomerID),
+			Description: stripe.String(fmt.Sprintf("Charge for ride %d", r.RideID)),
+		}
+		params.SetIdempotencyKey(call.Key())
+		ch, err := sc.V1Charges.Create(ctx, params)
+		var serr *stripe.Error
+		switch {
+		case errors.As(err, &serr) && serr.HTTPStatusCode == http.StatusPaymentRequired:
+			r.Declined = serr.Msg // a final answer, stored like a success
+			return nil
+		case err != nil:
+			return fmt.Errorf("charge: %w", err) // transient: the retry repeats the call, same key
+		}
+		r.ChargeID = ch.ID
+		return nil
+	}
+}
+
+func recordCharge(ctx context.Context, tx pgx.Tx, r *Ride) (atomicphase.Outcome, error) {
+	if r.Declined != "" {
+		body, err := json.Marshal(map[string]any{"error": map[string]any{
+			"type": "card_declined", "message": r.Declined, "ride_id": r.RideID}})
+		return atomicphase.Respond(http.StatusPaymentRequired, body), err
+	}
+	_, err := tx.Exec(ctx, `UPDATE rides SET stripe_charge_id = $1 WHERE id = $2`, r.ChargeID, r.RideID)
+	return atomicphase.Continue(), err
+}
+
+func sendReceipt(ctx context.Context, tx pgx.Tx, r *Ride) (atomicphase.Outcome, error) {
+	if _, err := tx.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('send_ride_receipt', $1)`,
+		map[string]any{"amount": Amount, "currency": Currency, "customer_id": r.CustomerID, "ride_id": r.RideID, "user_id": r.UserID},
+	); err != nil {
+		return atomicphase.Outcome{}, err
+	}
+	body, err := json.Marshal(map[string]any{"ride_id": r.RideID, "charge_id": r.ChargeID, "amount": Amount, "currency": Currency})
+	return atomicphase.Respond(http.StatusCreated, body), err
+}

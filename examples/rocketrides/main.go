@@ -1,0 +1,34 @@
+// Command rocketrides is the Rocket Rides example server: a ride-booking API
+// whose POST /rides records a ride, charges the rider's card at a
+// Stripe-compatible payment API and stages a receipt job, safely retryable
+// with an Idempotency-Key. Its contract is spec/rocketrides-contract.md.
+//
+//	go run ./examples/rocketrides
+//
+// Environment: DATABASE_URL (empty: a throwaway PostgreSQL), ADDR
+// (127.0.0.1:8080), STRIPE_API_BASE (empty: an in-process fake payment API),
+// LOCK_TIMEOUT (90s), ATOMICPHASE_FAULTS (fault injection, for tests).
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/app"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cfg, err := app.ConfigFromEnv()
+	if err == nil {
+		err = app.Run(ctx, cfg, os.Stderr)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "rocketrides:", err)
+		os.Exit(1)
+	}
+}
