@@ -1,0 +1,263 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase/atomicphasetest"
+	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/app"
+	"github.com/atomicphase/atomicphase/internal/fakestripe"
+)
+
+var binary string // the example, built once by TestMain
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "rocketrides-e2e-")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "rocketrides")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build the example: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := atomicphasetest.Main(m)
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+const (
+	rideBody    = `{"origin_lat": 37.77, "origin_lon": -122.42, "target_lat": 37.80, "target_lon": -122.27}`
+	lockTimeout = "1s"
+)
+
+// server is the example running as a real process.
+type server struct {
+	cmd    *exec.Cmd
+	url    string
+	log    *syncBuffer
+	exited chan struct{}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func startServer(t *testing.T, dbURL, stripeURL, faults string) *server {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	s := &server{url: "http://" + addr, log: &syncBuffer{}, exited: make(chan struct{})}
+	s.cmd = exec.Command(binary)
+	s.cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "ADDR="+addr, "STRIPE_API_BASE="+stripeURL,
+		"LOCK_TIMEOUT="+lockTimeout, "ATOMICPHASE_FAULTS="+faults)
+	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
+	require.NoError(t, s.cmd.Start())
+	go func() { _ = s.cmd.Wait(); close(s.exited) }()
+	t.Cleanup(func() {
+		_ = s.cmd.Process.Kill()
+		<-s.exited
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get(s.url + "/healthz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return s
+			}
+		}
+		select {
+		case <-s.exited:
+			t.Fatalf("the server exited during start-up:\n%s", s.log)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	t.Fatalf("the server did not become healthy:\n%s", s.log)
+	return nil
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func post(url, user, key, body string) (reply, error) {
+	req, err := http.NewRequest("POST", url+"/rides", strings.NewReader(body))
+	if err != nil {
+		return reply{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+user)
+	req.Header.Set("Idempotency-Key", key)
+	client := &http.Client{Timeout: 20 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil {
+		return reply{}, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	return reply{resp.StatusCode, resp.Header, data}, err
+}
+
+// retryUntilFinal is a well-behaved client: it retries connection errors,
+// 409 (after Retry-After) and 5xx with the same key until another answer.
+func retryUntilFinal(t *testing.T, url, user, key, body string) reply {
+	t.Helper()
+	for range 100 {
+		r, err := post(url, user, key, body)
+		switch {
+		case err != nil || r.status >= 500:
+			time.Sleep(100 * time.Millisecond)
+		case r.status == http.StatusConflict:
+			secs, _ := strconv.Atoi(r.header.Get("Retry-After"))
+			require.Positive(t, secs, "409 carries Retry-After in whole seconds")
+			time.Sleep(200 * time.Millisecond) // shorter than asked, to keep the test quick
+		default:
+			return r
+		}
+	}
+	t.Fatal("no final answer after 100 attempts")
+	return reply{}
+}
+
+func count(t *testing.T, db *atomicphasetest.DB, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.Pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+// faultPoints are the places the create_ride workflow passes.
+var faultPoints = []string{
+	"*:before-acquire", "*:after-acquire",
+	"create_ride:before-phase", "create_ride:before-commit", "create_ride:after-commit",
+	"charge:before-phase", "charge:after-foreign", "charge:before-commit", "charge:after-commit",
+	"send_receipt:before-phase", "send_receipt:before-response", "send_receipt:before-commit", "send_receipt:after-commit",
+}
+
+// TestKillAtEveryFaultPoint SIGKILLs the server at each fault point while
+// it serves a ride, restarts it against the same database, retries the
+// request to a final answer, and checks the contract's three invariants
+// against the payment API's distinct charges.
+func TestKillAtEveryFaultPoint(t *testing.T) {
+	t.Parallel()
+	for _, point := range faultPoints {
+		t.Run(point, func(t *testing.T) {
+			t.Parallel()
+			db := atomicphasetest.NewDB(t, &atomicphasetest.Options{SetupID: "rocketrides-v1", Setup: app.Migrate})
+			pay, err := fakestripe.Start()
+			require.NoError(t, err)
+			defer pay.Close()
+			const user, key = "user@example.com", "ride-under-fire"
+
+			doomed := startServer(t, db.URL, pay.URL, "create_ride/"+point+":exit")
+			_, err = post(doomed.url, user, key, rideBody)
+			require.Error(t, err, "the server died mid-request")
+			<-doomed.exited
+			ws, ok := doomed.cmd.ProcessState.Sys().(syscall.WaitStatus)
+			require.True(t, ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL, "killed by SIGKILL: %v\n%s", doomed.cmd.ProcessState, doomed.log)
+
+			restarted := startServer(t, db.URL, pay.URL, "")
+			final := retryUntilFinal(t, restarted.url, user, key, rideBody)
+			require.Equal(t, 201, final.status, "%s", final.body)
+
+			// Invariant 1 and 2: exactly one ride and one distinct charge.
+			require.Equal(t, 1, count(t, db, "SELECT count(*) FROM rides WHERE idempotency_key = $1", key))
+			require.Len(t, pay.Charges(), 1, "exactly one distinct charge at the payment API")
+			require.Equal(t, 1, count(t, db, "SELECT count(*) FROM rides WHERE stripe_charge_id = $1", pay.Charges()[0].ID))
+			// Invariant 3: every later retry gets the answer byte for byte.
+			again, err := post(restarted.url, user, key, rideBody)
+			require.NoError(t, err)
+			require.Equal(t, final.status, again.status)
+			require.Equal(t, final.body, again.body)
+			require.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+		})
+	}
+}
+
+// TestConcurrentClientsAcrossAKill: clients hammer one key while the server
+// is killed after the charge and restarted; all converge on one answer, one
+// ride, one charge.
+func TestConcurrentClientsAcrossAKill(t *testing.T) {
+	t.Parallel()
+	db := atomicphasetest.NewDB(t, &atomicphasetest.Options{SetupID: "rocketrides-v1", Setup: app.Migrate})
+	pay, err := fakestripe.Start()
+	require.NoError(t, err)
+	defer pay.Close()
+	doomed := startServer(t, db.URL, pay.URL, "create_ride/charge:after-foreign:exit")
+
+	var mu sync.Mutex
+	url := doomed.url
+	current := func() string { mu.Lock(); defer mu.Unlock(); return url }
+	answers := make([]reply, 8)
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 200 {
+				r, err := post(current(), "user@example.com", "hammered", rideBody)
+				if err == nil && r.status != 409 && r.status < 500 {
+					answers[i] = r
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}()
+	}
+	<-doomed.exited
+	restarted := startServer(t, db.URL, pay.URL, "")
+	mu.Lock()
+	url = restarted.url
+	mu.Unlock()
+	wg.Wait()
+	for _, a := range answers {
+		require.Equal(t, 201, a.status)
+		require.Equal(t, answers[0].body, a.body)
+	}
+	require.Len(t, pay.Charges(), 1)
+	require.Equal(t, 1, count(t, db, "SELECT count(*) FROM rides"))
+}
+
+func TestMalformedFaultsStopStartUp(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command(binary)
+	cmd.Env = append(os.Environ(), "ATOMICPHASE_FAULTS=charge:whenever:exit", "DATABASE_URL=postgres://unused")
+	out, err := cmd.CombinedOutput()
+	var exitErr *exec.ExitError
+	require.True(t, errors.As(err, &exitErr), "%v", err)
+	require.Contains(t, string(out), "ATOMICPHASE_FAULTS")
+	require.Contains(t, string(out), `unknown place "whenever"`)
+}

@@ -1,0 +1,254 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/atomicphasetest"
+	"github.com/atomicphase/atomicphase/internal/fakestripe"
+)
+
+func TestMain(m *testing.M) { os.Exit(atomicphasetest.Main(m)) }
+
+// DBOptions gives tests a database with the example's schema and seeds.
+var dbOptions = &atomicphasetest.Options{SetupID: "rocketrides-v1", Setup: Migrate}
+
+const rideBody = `{"origin_lat": 37.77, "origin_lon": -122.42, "target_lat": 37.80, "target_lon": -122.27}`
+
+type bundle struct {
+	db   *atomicphasetest.DB
+	fake *fakestripe.Server
+	srv  *httptest.Server
+}
+
+func setup(t *testing.T, stripeBase string) *bundle {
+	t.Helper()
+	b := &bundle{db: atomicphasetest.NewDB(t, dbOptions)}
+	if stripeBase == "" {
+		fake, err := fakestripe.Start()
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = fake.Close() })
+		b.fake, stripeBase = fake, fake.URL
+	}
+	runner, err := atomicphase.NewRunner(b.db.Pool, nil)
+	require.NoError(t, err)
+	b.srv = httptest.NewServer(Handler(runner, b.db.Pool, NewWorkflow(stripeBase), t.Logf))
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (b *bundle) post(t *testing.T, user, key, body string) reply {
+	t.Helper()
+	req, err := http.NewRequest("POST", b.srv.URL+"/rides", strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	if user != "" {
+		req.Header.Set("Authorization", "Bearer "+user)
+	}
+	if key != "\x00none" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return reply{resp.StatusCode, resp.Header, data}
+}
+
+func (b *bundle) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+func requireProblem(t *testing.T, r reply, status int) {
+	t.Helper()
+	require.Equal(t, status, r.status, "%s", r.body)
+	require.Equal(t, "application/problem+json", r.header.Get("Content-Type"))
+	var p map[string]any
+	require.NoError(t, json.Unmarshal(r.body, &p))
+	for _, f := range []string{"type", "title", "status"} {
+		require.Contains(t, p, f)
+	}
+	require.EqualValues(t, status, p["status"])
+}
+
+func TestHealthz(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "")
+	resp, err := http.Get(b.srv.URL + "/healthz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode)
+}
+
+func TestRideBookedChargedAndReplayed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "")
+	first := b.post(t, "user@example.com", `"ride-1"`, rideBody)
+	require.Equal(t, 201, first.status, "%s", first.body)
+	var out struct {
+		RideID   *float64 `json:"ride_id"`
+		ChargeID *string  `json:"charge_id"`
+	}
+	require.NoError(t, json.Unmarshal(first.body, &out))
+	require.NotNil(t, out.RideID)
+	require.NotNil(t, out.ChargeID)
+	require.True(t, strings.HasPrefix(*out.ChargeID, "ch_"))
+
+	replay := b.post(t, "user@example.com", "ride-1", rideBody) // bare form, same key
+	require.Equal(t, 201, replay.status)
+	require.Equal(t, "true", replay.header.Get("Idempotent-Replayed"))
+	require.Equal(t, first.body, replay.body)
+
+	require.Len(t, b.fake.Charges(), 1)
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM rides"))
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM audit_records WHERE resource_type = 'ride'"))
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM staged_jobs WHERE job_name = 'send_ride_receipt'"))
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM rides WHERE stripe_charge_id = $1", *out.ChargeID))
+}
+
+func TestDeclineIsAStored402(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "")
+	first := b.post(t, "user-bad-source@example.com", "k", rideBody)
+	require.Equal(t, 402, first.status, "%s", first.body)
+	replay := b.post(t, "user-bad-source@example.com", "k", rideBody)
+	require.Equal(t, 402, replay.status)
+	require.Equal(t, "true", replay.header.Get("Idempotent-Replayed"))
+	require.Equal(t, first.body, replay.body)
+	require.Empty(t, b.fake.Charges())
+	require.Equal(t, 1, b.fake.Requests(), "the replay did not call the payment API")
+}
+
+func TestUnauthorizedStoresNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "")
+	requireProblem(t, b.post(t, "", "k", rideBody), 401)
+	requireProblem(t, b.post(t, "stranger@example.com", "k", rideBody), 401)
+	require.Zero(t, b.count(t, "SELECT count(*) FROM idempotency_keys"))
+}
+
+func TestKeyRequiredAndWellFormed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "")
+	requireProblem(t, b.post(t, "user@example.com", "\x00none", rideBody), 400)
+	for _, key := range []string{``, `""`, strings.Repeat("k", 256), "caf\u00e9", `"a", "b"`} {
+		requireProblem(t, b.post(t, "user@example.com", key, rideBody), 400)
+	}
+	require.Zero(t, b.count(t, "SELECT count(*) FROM idempotency_keys"))
+}
+
+func TestInvalidBodyIs422AndACorrectedRetryIsProcessed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "")
+	for _, body := range []string{`not json`, `{"origin_lat": 1}`, `{"origin_lat": 91, "origin_lon": 0, "target_lat": 0, "target_lon": 0}`,
+		`{"origin_lat": 0, "origin_lon": -181, "target_lat": 0, "target_lon": 0}`, `{"origin_lat": null, "origin_lon": 0, "target_lat": 0, "target_lon": 0}`,
+		`{"origin_lat": "0", "origin_lon": 0, "target_lat": 0, "target_lon": 0}`, `[]`} {
+		requireProblem(t, b.post(t, "user@example.com", "k", body), 422)
+	}
+	require.Zero(t, b.count(t, "SELECT count(*) FROM idempotency_keys"))
+	require.Equal(t, 201, b.post(t, "user@example.com", "k", rideBody).status)
+}
+
+func TestSameKeyDifferentBodyIs422(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "")
+	require.Equal(t, 201, b.post(t, "user@example.com", "k", rideBody).status)
+	other := `{"origin_lat": 1, "origin_lon": 2, "target_lat": 3, "target_lon": 4}`
+	requireProblem(t, b.post(t, "user@example.com", "k", other), 422)
+	// Member order and whitespace are not a different body.
+	reordered := `{ "target_lon": -122.27, "target_lat": 37.80, "origin_lon": -122.42, "origin_lat": 37.77 }`
+	require.Equal(t, 201, b.post(t, "user@example.com", "k", reordered).status)
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM rides"))
+}
+
+func TestKeysAreScopedToTheUser(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "")
+	require.Equal(t, 201, b.post(t, "user@example.com", "shared", rideBody).status)
+	require.Equal(t, 402, b.post(t, "user-bad-source@example.com", "shared", rideBody).status)
+	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM rides"))
+}
+
+func TestTransientPaymentFailureResumesAtTheCharge(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "")
+	b.fake.FailNext(1)
+	r := b.post(t, "user@example.com", "k", rideBody)
+	require.GreaterOrEqual(t, r.status, 500, "%s", r.body)
+	require.Equal(t, "application/problem+json", r.header.Get("Content-Type"))
+	var point string
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), "SELECT recovery_point FROM idempotency_keys").Scan(&point))
+	require.Equal(t, "create_ride", point, "the ride is recorded; nothing else is stored")
+
+	ok := b.post(t, "user@example.com", "k", rideBody)
+	require.Equal(t, 201, ok.status)
+	require.Empty(t, ok.header.Get("Idempotent-Replayed"))
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM rides"), "the retry did not create the ride again")
+	require.Len(t, b.fake.Charges(), 1)
+}
+
+func TestUnreachablePaymentAPIIsTransient(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	dead := "http://" + ln.Addr().String()
+	require.NoError(t, ln.Close())
+	b := setup(t, dead)
+	r := b.post(t, "user@example.com", "k", rideBody)
+	require.GreaterOrEqual(t, r.status, 500)
+	require.Zero(t, b.count(t, "SELECT count(*) FROM idempotency_keys WHERE response_status IS NOT NULL"))
+}
+
+func TestConcurrentDuplicatesChargeOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "")
+	var wg sync.WaitGroup
+	statuses := make([]int, 20)
+	bodies := make([][]byte, 20)
+	for i := range statuses {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := b.post(t, "user@example.com", "rush", rideBody)
+			statuses[i], bodies[i] = r.status, r.body
+			if r.status == 409 {
+				require.NotEmpty(t, r.header.Get("Retry-After"))
+			}
+		}()
+	}
+	wg.Wait()
+	var final []byte
+	for i, s := range statuses {
+		require.Contains(t, []int{201, 409}, s)
+		if s == 201 {
+			if final == nil {
+				final = bodies[i]
+			}
+			require.Equal(t, final, bodies[i])
+		}
+	}
+	require.NotNil(t, final)
+	require.Len(t, b.fake.Charges(), 1)
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM rides"))
+}
