@@ -25,6 +25,9 @@ import (
 	"github.com/atomicphase/atomicphase"
 )
 
+// ErrUnauthorized is what an Options.Scope function wraps to answer 401.
+var ErrUnauthorized = errors.New("unauthorized")
+
 // DefaultMaxBodyBytes is Options.MaxBodyBytes's default: 1 MiB.
 const DefaultMaxBodyBytes = 1 << 20
 
@@ -32,8 +35,11 @@ const DefaultMaxBodyBytes = 1 << 20
 // required.
 type Options struct {
 	// Scope returns who the request is from (the authenticated user or
-	// tenant); keys are unique per scope. An error answers 401 with its
-	// message as the detail, and nothing is stored. Required.
+	// tenant); keys are unique per scope. An error wrapping
+	// ErrUnauthorized answers 401 with its message as the detail; any
+	// other error (the user store is down, say) is transient and answers
+	// 503, since a client must not take it as final. Nothing is stored
+	// either way. Required.
 	Scope func(r *http.Request) (string, error)
 
 	// MaxBodyBytes is the largest request body accepted; a larger one gets
@@ -110,8 +116,14 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	scope, err := h.opts.Scope(r)
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrUnauthorized):
 		WriteProblem(w, Problem{Type: ProblemUnauthorized, Title: "Unauthorized", Status: http.StatusUnauthorized, Detail: err.Error()}, 0)
+		return
+	case err != nil:
+		h.report(r, err)
+		WriteProblem(w, Problem{Type: ProblemTransientFailure, Title: "Temporary failure", Status: http.StatusServiceUnavailable,
+			Detail: "could not authenticate the request now; nothing was done, retry with the same Idempotency-Key"}, 1)
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.MaxBodyBytes))

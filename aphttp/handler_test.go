@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -74,11 +75,14 @@ func setupOn(t *testing.T, pool *pgxpool.Pool, opts *aphttp.Options) *bundle {
 		return n, nil
 	}})
 	o := aphttp.Options{Scope: func(r *http.Request) (string, error) {
-		user := r.Header.Get("X-User")
-		if user == "" {
-			return "", errors.New("who are you?")
+		switch user := r.Header.Get("X-User"); user {
+		case "":
+			return "", fmt.Errorf("%w: who are you?", aphttp.ErrUnauthorized)
+		case "flaky":
+			return "", errors.New("the user store is down")
+		default:
+			return user, nil
 		}
-		return user, nil
 	}}
 	if opts != nil {
 		o.PassThroughWithoutKey, o.MaxBodyBytes = opts.PassThroughWithoutKey, opts.MaxBodyBytes
@@ -104,7 +108,11 @@ func (b *bundle) do(t *testing.T, method, key, body string, headers ...string) r
 		req.Header.Set("Idempotency-Key", key)
 	}
 	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Add(headers[i], headers[i+1])
+		if headers[i] == aphttp.HeaderName {
+			req.Header.Add(headers[i], headers[i+1]) // a second line: a list
+		} else {
+			req.Header.Set(headers[i], headers[i+1])
+		}
 	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
@@ -243,6 +251,10 @@ func TestUnauthorizedIs401(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, 401, resp.StatusCode)
 	require.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"))
+
+	// A scope function that fails for another reason is transient: 503.
+	r := b.do(t, "POST", "k", `{"text":"x"}`, "X-User", "flaky")
+	requireProblem(t, r, 503, aphttp.ProblemTransientFailure)
 	require.Zero(t, b.runs.Load())
 }
 

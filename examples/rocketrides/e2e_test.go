@@ -159,21 +159,13 @@ func count(t *testing.T, db *atomicphasetest.DB, sql string, args ...any) int {
 	return n
 }
 
-// faultPoints are the places the create_ride workflow passes.
-var faultPoints = []string{
-	"*:before-acquire", "*:after-acquire",
-	"create_ride:before-phase", "create_ride:before-commit", "create_ride:after-commit",
-	"charge:before-phase", "charge:after-foreign", "charge:before-commit", "charge:after-commit",
-	"send_receipt:before-phase", "send_receipt:before-response", "send_receipt:before-commit", "send_receipt:after-commit",
-}
-
 // TestKillAtEveryFaultPoint SIGKILLs the server at each fault point while
 // it serves a ride, restarts it against the same database, retries the
 // request to a final answer, and checks the contract's three invariants
 // against the payment API's distinct charges.
 func TestKillAtEveryFaultPoint(t *testing.T) {
 	t.Parallel()
-	for _, point := range faultPoints {
+	for _, point := range app.FaultPoints {
 		t.Run(point, func(t *testing.T) {
 			t.Parallel()
 			db := atomicphasetest.NewDB(t, &atomicphasetest.Options{SetupID: "rocketrides-v1", Setup: app.Migrate})

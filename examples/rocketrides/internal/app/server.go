@@ -160,10 +160,11 @@ func Handler(runner *atomicphase.Runner, pool *pgxpool.Pool, wf *atomicphase.Wor
 	return mux
 }
 
-// errUnauthorized is what a missing or unknown bearer token gets.
-var errUnauthorized = errors.New("send Authorization: Bearer <email> of a known user")
+// errUnauthorized is what a missing or unknown bearer token gets: 401.
+var errUnauthorized = fmt.Errorf("%w: send Authorization: Bearer <email> of a known user", aphttp.ErrUnauthorized)
 
-// authenticate maps the bearer token (the user's email) to the scope.
+// authenticate maps the bearer token (the user's email) to the scope. A
+// database error is not a 401: the client must retry, not give up.
 func authenticate(r *http.Request, pool *pgxpool.Pool) (string, error) {
 	email, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok || email == "" {

@@ -150,3 +150,12 @@ func sendReceipt(ctx context.Context, tx pgx.Tx, r *Ride) (atomicphase.Outcome, 
 	body, err := json.Marshal(map[string]any{"ride_id": r.RideID, "charge_id": r.ChargeID, "amount": Amount, "currency": Currency})
 	return atomicphase.Respond(http.StatusCreated, body), err
 }
+
+// FaultPoints are the places the create_ride workflow passes, in the
+// PHASE:PLACE form of ATOMICPHASE_FAULTS (* for the acquisition places).
+var FaultPoints = []string{
+	"*:before-acquire", "*:after-acquire",
+	"create_ride:before-phase", "create_ride:before-commit", "create_ride:after-commit",
+	"charge:before-phase", "charge:after-foreign", "charge:before-commit", "charge:after-commit",
+	"send_receipt:before-phase", "send_receipt:before-response", "send_receipt:before-commit", "send_receipt:after-commit",
+}

@@ -1,0 +1,337 @@
+// Command demo shows Rocket Rides surviving crashes: it starts a throwaway
+// PostgreSQL, the example server (as a real process) and a fake payment API,
+// then books a stream of rides while injecting a fault into every request —
+// crashes, errors, panics, killed database backends, lost commit
+// acknowledgements at every fault point, and real SIGKILLs of the server,
+// which it restarts — retrying each request with its key as a well-behaved
+// client does. It ends with the invariants counted at the database and the
+// payment API, and exits non-zero if any failed.
+//
+//	go run ./examples/rocketrides/demo
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/atomicphasetest"
+	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/app"
+	"github.com/atomicphase/atomicphase/faultinject"
+	"github.com/atomicphase/atomicphase/internal/fakestripe"
+)
+
+const (
+	serveEnv    = "ROCKETRIDES_DEMO_SERVE"
+	user        = "user@example.com"
+	rideBody    = `{"origin_lat": 37.77, "origin_lon": -122.42, "target_lat": 37.80, "target_lon": -122.27}`
+	lockTimeout = time.Second
+)
+
+func main() {
+	if os.Getenv(serveEnv) == "1" { // the server process the demo starts
+		cfg, err := app.ConfigFromEnv()
+		if err == nil {
+			err = app.Run(context.Background(), cfg, os.Stderr)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
+	requests := flag.Int("requests", 40, "how many rides to book")
+	workers := flag.Int("clients", 4, "how many clients book at once")
+	flag.Parse()
+	if err := run(*requests, *workers); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+// plan gives request i its fault: every fault point with every action that
+// applies there, in turn, and a real SIGKILL of the server now and then.
+func plan(i int) string {
+	var combos []string
+	for _, p := range app.FaultPoints {
+		for _, a := range []faultinject.Action{faultinject.Crash, faultinject.Error, faultinject.Panic,
+			faultinject.TerminateBackend, faultinject.LoseCommitAck} {
+			hasConn := strings.Contains(p, "before-commit") || strings.Contains(p, "after-commit") ||
+				strings.Contains(p, "before-response") || strings.HasPrefix(p, "create_ride:before-phase") ||
+				strings.HasPrefix(p, "send_receipt:before-phase")
+			if (a == faultinject.TerminateBackend && !hasConn) || (a == faultinject.LoseCommitAck && !strings.HasSuffix(p, "before-commit")) {
+				continue
+			}
+			combos = append(combos, p+":"+string(a))
+		}
+	}
+	if i%13 == 6 { // a real process kill, at a point that matters most
+		return []string{"charge:after-foreign:exit", "send_receipt:before-commit:exit", "create_ride:after-commit:exit"}[(i/13)%3]
+	}
+	return combos[(i*7)%len(combos)] // a stride, so neighbours differ
+}
+
+func run(requests, workers int) error {
+	start := time.Now()
+	ctx := context.Background()
+	dbURL := os.Getenv("DATABASE_URL")
+	if dbURL == "" {
+		srv, err := atomicphasetest.StartServer(ctx, func(f string, a ...any) { fmt.Printf("· "+f+"\n", a...) })
+		if err != nil {
+			return err
+		}
+		defer srv.Stop()
+		dbURL = srv.URL
+	}
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	pay, err := fakestripe.Start()
+	if err != nil {
+		return err
+	}
+	defer pay.Close()
+	fmt.Printf("· fake payment API at %s\n", pay.URL)
+
+	srv, err := newSupervisor(dbURL, pay.URL)
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	fmt.Printf("· rocketrides server at %s (LOCK_TIMEOUT=%s), booking %d rides with %d clients\n\n", srv.url, lockTimeout, requests, workers)
+
+	runID := time.Now().Format("150405")
+	finals := make([]reply, requests)
+	jobs := make(chan int)
+	var wg sync.WaitGroup
+	var printMu sync.Mutex
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range jobs {
+				key := fmt.Sprintf("demo-%s-%02d", runID, i+1)
+				fault := plan(i)
+				final, attempts := book(srv.url, key, fault)
+				finals[i] = final
+				printMu.Lock()
+				fmt.Printf("%-20s fault %-38s attempts %-2d → %s\n", key, fault, attempts, describe(final))
+				printMu.Unlock()
+			}
+		}()
+	}
+	for i := range requests {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+
+	// Every key with a final answer must replay it byte for byte.
+	replayed := 0
+	for i := range requests {
+		key := fmt.Sprintf("demo-%s-%02d", runID, i+1)
+		r, err := post(srv.url, key, "")
+		if err == nil && r.status == finals[i].status && bytes.Equal(r.body, finals[i].body) && r.header.Get("Idempotent-Replayed") == "true" {
+			replayed++
+		}
+	}
+	var rides, charged int
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(stripe_charge_id) FROM rides WHERE idempotency_key LIKE $1`,
+		"demo-"+runID+"-%").Scan(&rides, &charged); err != nil {
+		return err
+	}
+	charges := pay.Charges()
+	ok201 := 0
+	for _, f := range finals {
+		if f.status == http.StatusCreated {
+			ok201++
+		}
+	}
+	duplicates := len(charges) - charged
+	lost := requests - ok201
+	fmt.Printf("\n%d requests · %d rides · %d charges · %d duplicate charges · %d lost · %d replays byte-identical · %d server kills · %.1fs\n",
+		requests, rides, len(charges), duplicates, lost, replayed, srv.kills(), time.Since(start).Seconds())
+	if rides != requests || len(charges) != requests || duplicates != 0 || lost != 0 || replayed != requests {
+		return errors.New("an invariant failed: see the counts above")
+	}
+	fmt.Println("every invariant held: one ride and one charge per key, every answer replayed byte for byte")
+	return nil
+}
+
+// book sends the request with its fault on the first attempt, then retries
+// like a well-behaved client until it gets a final answer.
+func book(url, key, fault string) (reply, int) {
+	for attempt := 1; ; attempt++ {
+		f := ""
+		if attempt == 1 {
+			f = fault
+		}
+		r, err := post(url, key, f)
+		switch {
+		case err != nil || r.status >= 500:
+			time.Sleep(150 * time.Millisecond)
+		case r.status == http.StatusConflict:
+			time.Sleep(250 * time.Millisecond) // Retry-After says 1s; a demo is impatient
+		default:
+			return r, attempt
+		}
+		if attempt == 200 {
+			return reply{status: 0, body: []byte("gave up")}, attempt
+		}
+	}
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func post(url, key, fault string) (reply, error) {
+	req, err := http.NewRequest("POST", url+"/rides", strings.NewReader(rideBody))
+	if err != nil {
+		return reply{}, err
+	}
+	req.Header.Set("Authorization", "Bearer "+user)
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	if fault != "" {
+		req.Header.Set(faultinject.FaultHeader, "create_ride/"+fault)
+	}
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		return reply{}, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return reply{resp.StatusCode, resp.Header, body}, err
+}
+
+func describe(r reply) string {
+	var out struct {
+		RideID   int64  `json:"ride_id"`
+		ChargeID string `json:"charge_id"`
+	}
+	if r.status == http.StatusCreated && json.Unmarshal(r.body, &out) == nil {
+		return fmt.Sprintf("%d ride %d, %s", r.status, out.RideID, out.ChargeID)
+	}
+	return fmt.Sprintf("%d %s", r.status, r.body)
+}
+
+// supervisor runs the server as a child process on a fixed address and
+// restarts it whenever it dies.
+type supervisor struct {
+	url, addr, dbURL, payURL string
+	log                      *os.File
+
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	killed  int
+	stopped bool
+}
+
+func newSupervisor(dbURL, payURL string) (*supervisor, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	log, err := os.CreateTemp("", "rocketrides-demo-*.log")
+	if err != nil {
+		return nil, err
+	}
+	s := &supervisor{url: "http://" + addr, addr: addr, dbURL: dbURL, payURL: payURL, log: log}
+	if err := s.start(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *supervisor) start() error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(self)
+	cmd.Env = append(os.Environ(), serveEnv+"=1", "DATABASE_URL="+s.dbURL, "ADDR="+s.addr,
+		"STRIPE_API_BASE="+s.payURL, "LOCK_TIMEOUT="+lockTimeout.String(), "ATOMICPHASE_FAULT_HEADER=1", faultinject.EnvVar+"=")
+	cmd.Stdout, cmd.Stderr = s.log, s.log
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.cmd = cmd
+	s.mu.Unlock()
+	for range 400 {
+		if resp, err := http.Get(s.url + "/healthz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				go s.watch(cmd)
+				return nil
+			}
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	return fmt.Errorf("the server did not start; its log is %s", s.log.Name())
+}
+
+// watch restarts the server when it dies.
+func (s *supervisor) watch(cmd *exec.Cmd) {
+	_ = cmd.Wait()
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return
+	}
+	s.killed++
+	s.mu.Unlock()
+	how := cmd.ProcessState.String()
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signal() == syscall.SIGKILL {
+		how = "killed by SIGKILL"
+	}
+	fmt.Printf("  ✝ server %s; restarting it against the same database\n", how)
+	if err := s.start(); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+func (s *supervisor) kills() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.killed
+}
+
+func (s *supervisor) stop() {
+	s.mu.Lock()
+	s.stopped = true
+	cmd := s.cmd
+	s.mu.Unlock()
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _, _ = cmd.Process.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+	}
+	s.log.Close()
+	os.Remove(s.log.Name())
+}
