@@ -85,7 +85,7 @@ func TestLoseCommitAckDoesNotRepeatThePhase(t *testing.T) {
 	opts := *shopDB
 	opts.PoolConfig = func(cfg *pgxpool.Config) { faultinject.InstallDialer(cfg.ConnConfig) }
 	db := atomicphasetest.NewDB(t, &opts)
-	down := newDownstream()
+	down := newDownstream(t)
 	defer down.Close()
 	inj := faultinject.New(faultinject.Rule{Phase: "create_order", Place: atomicphase.BeforeCommit, Action: faultinject.LoseCommitAck})
 	runner, err := atomicphase.NewRunner(db.Pool, &atomicphase.Config{FaultInjector: inj})
@@ -118,7 +118,7 @@ func TestLoseCommitAckDoesNotRepeatThePhase(t *testing.T) {
 func TestTerminateBackendBreaksTheConnection(t *testing.T) {
 	t.Parallel()
 	db := atomicphasetest.NewDB(t, shopDB)
-	down := newDownstream()
+	down := newDownstream(t)
 	defer down.Close()
 	inj := faultinject.New(faultinject.Rule{Phase: "confirm", Place: atomicphase.BeforeCommit, Action: faultinject.TerminateBackend})
 	inj.Admin = db.Pool
@@ -136,7 +136,7 @@ func TestTerminateBackendBreaksTheConnection(t *testing.T) {
 func TestCrashLeavesTheKeyLocked(t *testing.T) {
 	t.Parallel()
 	db := atomicphasetest.NewDB(t, shopDB)
-	down := newDownstream()
+	down := newDownstream(t)
 	defer down.Close()
 	inj := faultinject.New(faultinject.Rule{Phase: "confirm", Place: atomicphase.BeforeCommit, Action: faultinject.Crash})
 	runner, err := atomicphase.NewRunner(db.Pool, &atomicphase.Config{FaultInjector: inj})

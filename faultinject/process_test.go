@@ -91,7 +91,7 @@ func TestProcessKillAtEveryPoint(t *testing.T) {
 	t.Parallel()
 	// A clean in-process run names the points and the expected response.
 	db := atomicphasetest.NewDB(t, shopDB)
-	down := newDownstream()
+	down := newDownstream(t)
 	rec := faultinject.New()
 	runner, err := atomicphase.NewRunner(db.Pool, &atomicphase.Config{FaultInjector: rec})
 	require.NoError(t, err)
@@ -113,7 +113,7 @@ func TestProcessKillAtEveryPoint(t *testing.T) {
 		t.Run(spec, func(t *testing.T) {
 			t.Parallel()
 			db := atomicphasetest.NewDB(t, shopDB)
-			down := newDownstream()
+			down := newDownstream(t)
 			defer down.Close()
 
 			_, state := runChild(t, db.URL, down.URL, spec)

@@ -6,12 +6,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +18,7 @@ import (
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/atomicphasetest"
 	"github.com/atomicphase/atomicphase/faultinject"
+	"github.com/atomicphase/atomicphase/internal/fakestripe"
 )
 
 func TestMain(m *testing.M) {
@@ -42,44 +40,6 @@ var shopDB = &atomicphasetest.Options{
 	},
 }
 
-// downstream is a payment API that, like Stripe, answers a repeated
-// Idempotency-Key with the first response, and counts distinct effects. A
-// request without a key is a new effect every time.
-type downstream struct {
-	*httptest.Server
-	mu       sync.Mutex
-	effects  map[string]string // idempotency key → charge id
-	requests int
-}
-
-func newDownstream() *downstream {
-	d := &downstream{effects: map[string]string{}}
-	d.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		key := r.Header.Get("Idempotency-Key")
-		d.mu.Lock()
-		d.requests++
-		if key == "" {
-			key = fmt.Sprintf("no-key-%d", d.requests)
-		}
-		id, ok := d.effects[key]
-		if !ok {
-			id = fmt.Sprintf("ch_%d", len(d.effects)+1)
-			d.effects[key] = id
-		}
-		d.mu.Unlock()
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"id":%q}`, id)
-	}))
-	return d
-}
-
-func (d *downstream) distinct() int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return len(d.effects)
-}
-
 type order struct {
 	Item     string `json:"item"`
 	OrderID  int64  `json:"order_id,omitempty"`
@@ -99,10 +59,11 @@ const (
 // shopWorkflow is create_order → charge (foreign) → confirm.
 func shopWorkflow(url string, pool *pgxpool.Pool, f flaw) *atomicphase.Workflow[order] {
 	charge := func(ctx context.Context, client *http.Client, key string) (string, error) {
-		req, err := http.NewRequestWithContext(ctx, "POST", url+"/v1/charges", strings.NewReader("amount=2000"))
+		req, err := http.NewRequestWithContext(ctx, "POST", url+"/v1/charges", strings.NewReader("amount=2000&currency=usd&customer=cus_1"))
 		if err != nil {
 			return "", err
 		}
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		if key != "" {
 			req.Header.Set("Idempotency-Key", key)
 		}
@@ -111,6 +72,9 @@ func shopWorkflow(url string, pool *pgxpool.Pool, f flaw) *atomicphase.Workflow[
 			return "", err
 		}
 		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return "", fmt.Errorf("payment API answered %s", resp.Status)
+		}
 		var ch struct{ ID string }
 		err = json.NewDecoder(resp.Body).Decode(&ch)
 		return ch.ID, err
@@ -167,7 +131,7 @@ func shopScenario(f flaw) faultinject.Scenario {
 		DB:     shopDB,
 		Config: &atomicphase.Config{RetryBackoff: time.Millisecond},
 		Setup: func(t testing.TB, db *atomicphasetest.DB) *faultinject.Trial {
-			down := newDownstream()
+			down := newDownstream(t)
 			wf := shopWorkflow(down.URL, db.Pool, f)
 			return &faultinject.Trial{
 				Attempt: func(ctx context.Context, runner *atomicphase.Runner) (*atomicphase.Response, error) {
@@ -176,7 +140,7 @@ func shopScenario(f flaw) faultinject.Scenario {
 				Check: func(ctx context.Context, final *atomicphase.Response) error {
 					return checkShop(ctx, db.Pool, down, final.Body)
 				},
-				Close: down.Close,
+				Close: func() { _ = down.Close() },
 			}
 		},
 	}
@@ -185,13 +149,15 @@ func shopScenario(f flaw) faultinject.Scenario {
 // checkShop asserts the invariants that matter: exactly one distinct
 // effect at the downstream, exactly one business row recording it, and a
 // response that names that row and that charge.
-func checkShop(ctx context.Context, pool *pgxpool.Pool, down *downstream, body []byte) error {
-	if n := down.distinct(); n != 1 {
-		return fmt.Errorf("%d distinct charges at the downstream, want 1", n)
+func checkShop(ctx context.Context, pool *pgxpool.Pool, down *fakestripe.Server, body []byte) error {
+	charges := down.Charges()
+	if len(charges) != 1 {
+		return fmt.Errorf("%d distinct charges at the downstream, want 1", len(charges))
 	}
+	charge := charges[0].ID
 	var rows int
 	var id int64
-	if err := pool.QueryRow(ctx, `SELECT count(*), coalesce(max(id) FILTER (WHERE charge_id = 'ch_1'), 0) FROM orders`).Scan(&rows, &id); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*), coalesce(max(id) FILTER (WHERE charge_id = $1), 0) FROM orders`, charge).Scan(&rows, &id); err != nil {
 		return err
 	}
 	if rows != 1 || id == 0 {
@@ -201,10 +167,22 @@ func checkShop(ctx context.Context, pool *pgxpool.Pool, down *downstream, body [
 	if err := json.Unmarshal(body, &resp); err != nil {
 		return fmt.Errorf("response %q: %w", body, err)
 	}
-	if resp.OrderID != id || resp.ChargeID != "ch_1" {
-		return fmt.Errorf("response %s names order %d and charge %q; the database has order %d with ch_1", body, resp.OrderID, resp.ChargeID, id)
+	if resp.OrderID != id || resp.ChargeID != charge {
+		return fmt.Errorf("response %s names order %d and charge %q; the database has order %d with %s", body, resp.OrderID, resp.ChargeID, id, charge)
 	}
 	return nil
+}
+
+// newDownstream starts the fake payment API, which deduplicates by
+// Idempotency-Key like Stripe and counts distinct charges; a request without
+// a key is a new charge every time.
+func newDownstream(t testing.TB) *fakestripe.Server {
+	t.Helper()
+	d, err := fakestripe.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 func randomHex() string {

@@ -13,12 +13,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -27,6 +24,7 @@ import (
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/atomicphasetest"
+	"github.com/atomicphase/atomicphase/internal/fakestripe"
 )
 
 // order is the workflow's state, committed with every phase.
@@ -75,7 +73,10 @@ func run(ctx context.Context) error {
 		return err
 	}
 
-	payments := newPaymentAPI()
+	payments, err := fakestripe.Start() // deduplicates by Idempotency-Key, as Stripe does
+	if err != nil {
+		return err
+	}
 	defer payments.Close()
 
 	// The crash switch: when armed, the attempt dies right after the
@@ -125,7 +126,7 @@ func run(ctx context.Context) error {
 	if !errors.Is(err, atomicphase.ErrCrashed) {
 		return fmt.Errorf("expected the injected crash, got %v", err)
 	}
-	fmt.Printf("3. order-b            → crashed after the payment API charged, before recording it (charges so far: %d)\n", payments.Charges())
+	fmt.Printf("3. order-b            → crashed after the payment API charged, before recording it (charges so far: %d)\n", len(payments.Charges()))
 
 	_, err = runner.Run(ctx, workflow, request("order-b"))
 	var busy *atomicphase.InProgressError
@@ -147,8 +148,8 @@ func run(ctx context.Context) error {
 		return err
 	}
 	fmt.Printf("   payment API: %d charge requests, %d distinct charges · database: %d orders for 2 keys\n",
-		payments.Requests(), payments.Charges(), orders)
-	if payments.Charges() != 2 || orders != 2 {
+		payments.Requests(), len(payments.Charges()), orders)
+	if len(payments.Charges()) != 2 || orders != 2 {
 		return errors.New("invariant violated: expected exactly 2 charges and 2 orders")
 	}
 	return nil
@@ -165,12 +166,15 @@ func newOrderWorkflow(paymentsURL string) *atomicphase.Workflow[order] {
 		// which carries the derived downstream idempotency key.
 		atomicphase.Foreign("charge", func(ctx context.Context, call *atomicphase.ForeignCall, o *order) error {
 			client := &http.Client{Transport: call.Transport(nil), Timeout: 10 * time.Second}
-			body := fmt.Sprintf("amount=%d&order=%d", o.Amount, o.OrderID)
-			resp, err := client.Post(paymentsURL+"/charges", "application/x-www-form-urlencoded", strings.NewReader(body))
+			body := fmt.Sprintf("amount=%d&currency=usd&customer=cus_42&description=order+%d", o.Amount, o.OrderID)
+			resp, err := client.Post(paymentsURL+"/v1/charges", "application/x-www-form-urlencoded", strings.NewReader(body))
 			if err != nil {
 				return err
 			}
 			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("payment API answered %s", resp.Status) // transient: retried with the same key
+			}
 			var ch struct{ ID string }
 			if err := json.NewDecoder(resp.Body).Decode(&ch); err != nil {
 				return err
@@ -186,45 +190,4 @@ func newOrderWorkflow(paymentsURL string) *atomicphase.Workflow[order] {
 			return atomicphase.Respond(201, body), err
 		}),
 	}, nil)
-}
-
-// paymentAPI is a small in-process payment service that, like Stripe,
-// answers a repeated Idempotency-Key with the first response.
-type paymentAPI struct {
-	*httptest.Server
-	mu       sync.Mutex
-	byKey    map[string]string
-	requests int
-}
-
-func newPaymentAPI() *paymentAPI {
-	p := &paymentAPI{byKey: map[string]string{}}
-	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		key := r.Header.Get("Idempotency-Key")
-		p.mu.Lock()
-		p.requests++
-		id, seen := p.byKey[key]
-		if !seen {
-			id = fmt.Sprintf("ch_%d", len(p.byKey)+1)
-			p.byKey[key] = id
-		}
-		p.mu.Unlock()
-		fmt.Fprintf(w, `{"id":%q}`, id)
-	}))
-	return p
-}
-
-// Charges counts distinct charges: one per idempotency key.
-func (p *paymentAPI) Charges() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.byKey)
-}
-
-// Requests counts charge requests, repeats included.
-func (p *paymentAPI) Requests() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.requests
 }
