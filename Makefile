@@ -9,6 +9,14 @@ PKGS := ./...
 help: ## List the targets
 	@grep -E '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
+.PHONY: demo
+demo: postgres ## Run the Rocket Rides demo: forty rides booked under crashes and kills
+	$(GO) run ./examples/rocketrides/demo
+
+.PHONY: rocketrides
+rocketrides: postgres ## Serve the Rocket Rides example on 127.0.0.1:8080
+	$(GO) run ./examples/rocketrides
+
 .PHONY: quickstart
 quickstart: postgres ## Run the quickstart example end to end
 	$(GO) run ./examples/quickstart
