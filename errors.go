@@ -76,6 +76,7 @@ type InProgressError struct {
 	LockExpiresIn time.Duration
 }
 
+// Error describes the conflict and the retry-after hint.
 func (e *InProgressError) Error() string {
 	return fmt.Sprintf("%s (retry after %s)", ErrInProgress.Error(), e.RetryAfter)
 }
@@ -92,6 +93,7 @@ type PhaseError struct {
 	Err      error
 }
 
+// Error names the workflow and phase and includes the phase's error.
 func (e *PhaseError) Error() string {
 	return fmt.Sprintf("atomicphase: workflow %q phase %q: %v", e.Workflow, e.Phase, e.Err)
 }

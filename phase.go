@@ -202,6 +202,7 @@ func DownstreamKey(workflow, scope, key, phase string) string {
 	return "ap_" + hex.EncodeToString(sum[:20])
 }
 
+// String describes the phase as "local phase \"name\"" or "foreign phase \"name\"".
 func (p Phase[S]) String() string {
 	kind := "local"
 	if p.call != nil {

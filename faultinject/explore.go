@@ -97,6 +97,7 @@ type Fault struct {
 	Action Action
 }
 
+// String renders the fault as "workflow:phase:place action".
 func (f Fault) String() string { return f.Point.String() + " " + string(f.Action) }
 
 // Report is the result of an exploration.

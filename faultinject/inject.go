@@ -82,6 +82,7 @@ var ErrInjected = errors.New("faultinject: injected error")
 // InjectedPanic is the value the Panic action panics with.
 type InjectedPanic struct{ At atomicphase.FaultPoint }
 
+// String names the point the panic was injected at.
 func (p *InjectedPanic) String() string { return "faultinject: injected panic at " + p.At.String() }
 
 // Rule matches fault points and says what to do there. Empty Workflow and
