@@ -81,17 +81,6 @@ func Main(m *testing.M) int {
 	return code
 }
 
-// ServerURL returns the URL of the test process's server, starting one if
-// needed, for tests that create databases of their own.
-func ServerURL(t testing.TB) string {
-	t.Helper()
-	srv, _, err := server(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return srv.URL
-}
-
 func server(ctx context.Context) (*Server, *pgxpool.Pool, error) {
 	shared.Lock()
 	defer shared.Unlock()

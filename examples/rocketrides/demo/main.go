@@ -63,22 +63,29 @@ func main() {
 	}
 }
 
-// plan gives request i its fault: every fault point with every action that
-// applies there, in turn, and a real SIGKILL of the server now and then.
-func plan(i int) string {
-	var combos []string
+// combos is every fault point with every action that applies there:
+// terminate-backend where the attempt holds a connection, lose-commit-ack
+// where a commit follows.
+var combos = func() []string {
+	var out []string
 	for _, p := range app.FaultPoints {
+		hasConn := strings.Contains(p, "before-commit") || strings.Contains(p, "after-commit") ||
+			strings.Contains(p, "before-response") || strings.HasPrefix(p, "create_ride:before-phase") ||
+			strings.HasPrefix(p, "send_receipt:before-phase")
 		for _, a := range []faultinject.Action{faultinject.Crash, faultinject.Error, faultinject.Panic,
 			faultinject.TerminateBackend, faultinject.LoseCommitAck} {
-			hasConn := strings.Contains(p, "before-commit") || strings.Contains(p, "after-commit") ||
-				strings.Contains(p, "before-response") || strings.HasPrefix(p, "create_ride:before-phase") ||
-				strings.HasPrefix(p, "send_receipt:before-phase")
 			if (a == faultinject.TerminateBackend && !hasConn) || (a == faultinject.LoseCommitAck && !strings.HasSuffix(p, "before-commit")) {
 				continue
 			}
-			combos = append(combos, p+":"+string(a))
+			out = append(out, p+":"+string(a))
 		}
 	}
+	return out
+}()
+
+// plan gives request i its fault: the combos in turn, and a real SIGKILL
+// of the server now and then.
+func plan(i int) string {
 	if i%13 == 6 { // a real process kill, at a point that matters most
 		return []string{"charge:after-foreign:exit", "send_receipt:before-commit:exit", "create_ride:after-commit:exit"}[(i/13)%3]
 	}
