@@ -100,3 +100,21 @@ func (e *PhaseError) Error() string {
 
 // Unwrap returns the phase's own error.
 func (e *PhaseError) Unwrap() error { return e.Err }
+
+// Retryable reports whether a client that got err from Run may send the same
+// request again with the same key and hope for another answer. It is false
+// for nil and for the final answers, which a retry of the same request can
+// only repeat: ErrInvalidKey, ErrInvalidRequest and ErrFingerprintMismatch.
+// It is true for everything else: a key in progress (ErrInProgress), a lock
+// lost to a newer attempt (ErrLockLost), an unreachable store
+// (ErrStoreUnavailable), a phase that failed and rolled back (*PhaseError),
+// a cancelled context. Test code, the HTTP adapter and clients that drive
+// Run directly all decide with it, so there is one answer to the question.
+func Retryable(err error) bool {
+	if err == nil {
+		return false
+	}
+	return !errors.Is(err, ErrInvalidKey) &&
+		!errors.Is(err, ErrInvalidRequest) &&
+		!errors.Is(err, ErrFingerprintMismatch)
+}

@@ -33,6 +33,11 @@ const (
 	AfterCommit FaultPlace = "after-commit"
 )
 
+// FaultPlaces returns every fault place in the order a run passes them.
+func FaultPlaces() []FaultPlace {
+	return []FaultPlace{BeforeAcquire, AfterAcquire, BeforePhase, AfterForeign, BeforeResponse, BeforeCommit, AfterCommit}
+}
+
 // FaultPoint identifies one fault point: a place in a given phase of a given
 // workflow. Phase is empty for BeforeAcquire and AfterAcquire.
 type FaultPoint struct {
