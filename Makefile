@@ -48,7 +48,7 @@ schema: ## Regenerate schema.sql from the migrations
 	@{ printf '%s\n' '-- The complete current atomicphase schema, for projects that apply schema' \
 	  '-- with their own migration tool. Migrate applies the same SQL from the' \
 	  '-- numbered files in migration/; a test keeps the two identical.' ''; \
-	  first=1; for f in migration/*.up.sql; do [ $$first = 1 ] || echo; first=0; cat $$f; done; } > schema.sql
+	  first=1; for f in migration/*.up.sql; do [ $$first = 1 ] || echo; first=0; sed 's|/\* TEMPLATE: schema \*/||g' $$f; done; } > schema.sql
 
 .PHONY: postgres
 postgres:

@@ -59,6 +59,13 @@ var (
 	// timeout. Only test code sees it.
 	ErrCrashed = errors.New("atomicphase: attempt crashed (injected fault)")
 
+	// ErrSchemaMissing means the database lacks the key table or a function
+	// this version of the library needs: it was never migrated, was
+	// migrated by an older version, or Config.Schema names another schema.
+	// Run Migrate (or apply schema.sql). Runner.CheckSchema reports it at
+	// start-up.
+	ErrSchemaMissing = errors.New("atomicphase: key store schema missing or out of date")
+
 	// ErrPhaseTxControl is returned by the phase transaction's Commit and
 	// Rollback: the Runner commits a phase together with its recovery point,
 	// so a phase must not end its transaction itself.

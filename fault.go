@@ -72,3 +72,12 @@ type FaultInjectorFunc func(ctx context.Context, at FaultPoint, conn *pgx.Conn) 
 func (f FaultInjectorFunc) InjectFault(ctx context.Context, at FaultPoint, conn *pgx.Conn) error {
 	return f(ctx, at, conn)
 }
+
+// fault passes a fault point to the configured injector: one nil check when
+// there is none.
+func (r *Runner) fault(ctx context.Context, workflow, phase string, place FaultPlace, conn *pgx.Conn) error {
+	if r.cfg.FaultInjector == nil {
+		return nil
+	}
+	return r.cfg.FaultInjector.InjectFault(ctx, FaultPoint{Workflow: workflow, Phase: phase, Place: place}, conn)
+}

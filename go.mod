@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/georgysavva/scany/v2 v2.1.4
+	github.com/jackc/pgerrcode v0.0.0-20250907135507-afb5586c32a6
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/ory/dockertest/v3 v3.12.0
 	github.com/stretchr/testify v1.12.1

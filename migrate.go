@@ -28,9 +28,39 @@ type Migration struct {
 	Down string
 }
 
-// Migrations returns the package's migrations in version order. Use it to
-// feed your own migration tool; schema.sql holds the same SQL in one file.
-func Migrations() []Migration {
+// schemaMarker stands before every table and function name in the
+// migrations and the Runner's statements; renderSQL replaces it with the
+// configured schema.
+const schemaMarker = "/* TEMPLATE: schema */"
+
+// renderSQL qualifies the names in sql with schema ("" leaves them to the
+// search_path).
+func renderSQL(sql, schema string) string {
+	return strings.ReplaceAll(sql, schemaMarker, qualifier(schema))
+}
+
+// MigrateOpts are optional settings of Migrate and Migrations. A nil
+// *MigrateOpts means all defaults.
+type MigrateOpts struct {
+	// Schema is the PostgreSQL schema to put the key table, the functions
+	// and the migration ledger in; Migrate creates it if it does not
+	// exist. Give the Runner the same value in Config.Schema. Defaults to ""
+	// (the first schema on the connection's search_path, usually public).
+	Schema string
+}
+
+func (o *MigrateOpts) schema() string {
+	if o == nil {
+		return ""
+	}
+	return o.Schema
+}
+
+// Migrations returns the package's migrations in version order, their SQL
+// written for opts.Schema. Use it to feed your own migration tool; schema.sql
+// holds the same SQL, for the default schema, in one file.
+func Migrations(opts *MigrateOpts) []Migration {
+	schema := opts.schema()
 	byVersion := map[int]*Migration{}
 	entries, _ := fs.ReadDir(migrationFS, "migration")
 	for _, e := range entries {
@@ -48,9 +78,9 @@ func Migrations() []Migration {
 			byVersion[v] = m
 		}
 		if dir == "up" {
-			m.Up = string(body)
+			m.Up = renderSQL(string(body), schema)
 		} else {
-			m.Down = string(body)
+			m.Down = renderSQL(string(body), schema)
 		}
 	}
 	out := make([]Migration, 0, len(byVersion))
@@ -75,11 +105,15 @@ const migrateLockID = 0x61746f6d69637068
 // its own transaction, recording them in atomicphase_migration. It is
 // idempotent and safe to call from several processes at once: a
 // transaction-scoped advisory lock makes them take turns, and each re-reads
-// what is applied after taking it. It returns the versions it applied.
-func Migrate(ctx context.Context, db Beginner) ([]int, error) {
+// what is applied after taking it. It returns the versions it applied. opts
+// may be nil for the defaults.
+func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error) {
+	if err := checkSchemaName("MigrateOpts.Schema", opts.schema()); err != nil {
+		return nil, fmt.Errorf("atomicphase: %w", err)
+	}
 	var applied []int
-	for _, m := range Migrations() {
-		done, err := applyMigration(ctx, db, m)
+	for _, m := range Migrations(opts) {
+		done, err := applyMigration(ctx, db, opts.schema(), m)
 		if err != nil {
 			return applied, fmt.Errorf("atomicphase: migration %03d_%s: %w", m.Version, m.Name, err)
 		}
@@ -90,7 +124,9 @@ func Migrate(ctx context.Context, db Beginner) ([]int, error) {
 	return applied, nil
 }
 
-func applyMigration(ctx context.Context, db Beginner, m Migration) (bool, error) {
+// applyMigration applies m in a transaction of its own unless the ledger in
+// schema says it is applied, and reports whether it applied it.
+func applyMigration(ctx context.Context, db Beginner, schema string, m Migration) (bool, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return false, err
@@ -99,14 +135,19 @@ func applyMigration(ctx context.Context, db Beginner, m Migration) (bool, error)
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLockID)); err != nil {
 		return false, err
 	}
-	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS atomicphase_migration (
+	if schema != "" {
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
+			return false, err
+		}
+	}
+	if _, err := tx.Exec(ctx, renderSQL(`CREATE TABLE IF NOT EXISTS /* TEMPLATE: schema */atomicphase_migration (
 		version    integer     PRIMARY KEY,
 		name       text        NOT NULL,
-		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		applied_at timestamptz NOT NULL DEFAULT now())`, schema)); err != nil {
 		return false, err
 	}
 	var exists bool
-	if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT FROM atomicphase_migration WHERE version = $1)", m.Version).Scan(&exists); err != nil {
+	if err := tx.QueryRow(ctx, renderSQL("SELECT EXISTS (SELECT FROM /* TEMPLATE: schema */atomicphase_migration WHERE version = $1)", schema), m.Version).Scan(&exists); err != nil {
 		return false, err
 	}
 	if exists {
@@ -115,7 +156,7 @@ func applyMigration(ctx context.Context, db Beginner, m Migration) (bool, error)
 	if _, err := tx.Exec(ctx, m.Up); err != nil {
 		return false, err
 	}
-	if _, err := tx.Exec(ctx, "INSERT INTO atomicphase_migration (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
+	if _, err := tx.Exec(ctx, renderSQL("INSERT INTO /* TEMPLATE: schema */atomicphase_migration (version, name) VALUES ($1, $2)", schema), m.Version, m.Name); err != nil {
 		return false, err
 	}
 	return true, tx.Commit(ctx)

@@ -19,7 +19,7 @@ func TestSchemaFileMatchesMigrations(t *testing.T) {
 	schema, err := os.ReadFile("schema.sql")
 	require.NoError(t, err)
 	var ups []string
-	for _, m := range atomicphase.Migrations() {
+	for _, m := range atomicphase.Migrations(nil) {
 		ups = append(ups, m.Up)
 	}
 	require.True(t, strings.HasSuffix(string(schema), strings.Join(ups, "\n")),
@@ -38,7 +38,7 @@ func TestMigrateIsIdempotentAndConcurrencySafe(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			applied[i], errs[i] = atomicphase.Migrate(ctx, db.Pool)
+			applied[i], errs[i] = atomicphase.Migrate(ctx, db.Pool, nil)
 		}()
 	}
 	wg.Wait()
@@ -47,9 +47,9 @@ func TestMigrateIsIdempotentAndConcurrencySafe(t *testing.T) {
 		require.NoError(t, errs[i])
 		total += len(applied[i])
 	}
-	require.Equal(t, len(atomicphase.Migrations()), total, "each migration is applied exactly once")
+	require.Equal(t, len(atomicphase.Migrations(nil)), total, "each migration is applied exactly once")
 
-	again, err := atomicphase.Migrate(ctx, db.Pool)
+	again, err := atomicphase.Migrate(ctx, db.Pool, nil)
 	require.NoError(t, err)
 	require.Empty(t, again)
 
@@ -61,14 +61,14 @@ func TestMigrationsGoDownAndUpAgain(t *testing.T) {
 	t.Parallel()
 	db := atomicphasetest.NewDB(t, nil)
 	ctx := t.Context()
-	migrations := atomicphase.Migrations()
+	migrations := atomicphase.Migrations(nil)
 	for i := len(migrations) - 1; i >= 0; i-- {
 		_, err := db.Pool.Exec(ctx, migrations[i].Down)
 		require.NoError(t, err)
 	}
 	_, err := db.Pool.Exec(ctx, "DELETE FROM atomicphase_migration")
 	require.NoError(t, err)
-	_, err = atomicphase.Migrate(ctx, db.Pool)
+	_, err = atomicphase.Migrate(ctx, db.Pool, nil)
 	require.NoError(t, err)
 }
 

@@ -181,7 +181,7 @@ func (db *DB) Close() error {
 func ensureTemplate(ctx context.Context, srv *Server, admin *pgxpool.Pool, opts *Options) (string, error) {
 	h := sha256.New()
 	if !opts.SkipMigrations {
-		for _, m := range atomicphase.Migrations() {
+		for _, m := range atomicphase.Migrations(nil) {
 			h.Write([]byte(m.Up))
 		}
 	}
@@ -240,7 +240,7 @@ func buildTemplate(ctx context.Context, srv *Server, admin *pgx.Conn, name strin
 		return err
 	}
 	if !opts.SkipMigrations {
-		_, err = atomicphase.Migrate(ctx, pool)
+		_, err = atomicphase.Migrate(ctx, pool, nil)
 	}
 	if err == nil && opts.Setup != nil {
 		err = opts.Setup(ctx, pool)

@@ -1,7 +1,7 @@
 -- One row per (scope, idempotency key): the request's fingerprint, where its
 -- workflow stands (recovery point and state), who holds it (lock token and
 -- time), and, once finished, the response to replay.
-CREATE TABLE idempotency_keys (
+CREATE TABLE /* TEMPLATE: schema */idempotency_keys (
     scope           text        NOT NULL,
     idempotency_key text        NOT NULL,
     workflow        text        NOT NULL,
@@ -28,7 +28,7 @@ CREATE TABLE idempotency_keys (
 );
 
 -- For reaping old keys by age.
-CREATE INDEX idempotency_keys_created_at_idx ON idempotency_keys (created_at);
+CREATE INDEX idempotency_keys_created_at_idx ON /* TEMPLATE: schema */idempotency_keys (created_at);
 
 -- atomicphase_acquire decides every case of an arriving request in one
 -- statement and one round trip. A finished key (replay), another
@@ -39,7 +39,7 @@ CREATE INDEX idempotency_keys_created_at_idx ON idempotency_keys (created_at);
 -- lock token) and returns where it stands. The upsert re-checks its WHERE
 -- against the newest row version, so of two attempts racing for a key only
 -- one gets it; the loser reads the row again and reports what it finds.
-CREATE FUNCTION atomicphase_acquire(
+CREATE FUNCTION /* TEMPLATE: schema */atomicphase_acquire(
     p_scope text, p_key text, p_workflow text, p_fingerprint bytea,
     p_method text, p_path text, p_state jsonb, p_lock_timeout_us bigint,
     OUT acquired boolean, OUT workflow text, OUT fingerprint bytea,
@@ -57,7 +57,7 @@ BEGIN
                k.locked_at, k.response_status, k.response_header, k.response_body
         INTO workflow, fingerprint, recovery_point, next_phase, lock_token,
              held_since, response_status, response_header, response_body
-        FROM idempotency_keys k
+        FROM /* TEMPLATE: schema */idempotency_keys k
         WHERE k.scope = p_scope AND k.idempotency_key = p_key;
         IF FOUND AND (response_status IS NOT NULL OR workflow <> p_workflow
                       OR fingerprint <> p_fingerprint OR held_since >= stale_before) THEN
@@ -65,7 +65,7 @@ BEGIN
             RETURN;
         END IF;
 
-        INSERT INTO idempotency_keys AS k
+        INSERT INTO /* TEMPLATE: schema */idempotency_keys AS k
             (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, locked_at)
         VALUES (p_scope, p_key, p_workflow, p_fingerprint, p_method, p_path, p_state, now())
         ON CONFLICT (scope, idempotency_key) DO UPDATE
@@ -97,13 +97,13 @@ $$;
 -- last phase) response, but only while the caller still holds the lock token.
 -- It raises SQLSTATE AP001 otherwise, so a pipelined COMMIT after it never
 -- runs and the phase's own writes roll back with it: that is the fencing.
-CREATE FUNCTION atomicphase_checkpoint(
+CREATE FUNCTION /* TEMPLATE: schema */atomicphase_checkpoint(
     p_scope text, p_key text, p_lock_token bigint,
     p_recovery_point text, p_next_phase text, p_state jsonb,
     p_status integer, p_header jsonb, p_body bytea
 ) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE idempotency_keys SET
+    UPDATE /* TEMPLATE: schema */idempotency_keys SET
         recovery_point  = p_recovery_point,
         next_phase      = p_next_phase,
         state           = p_state,

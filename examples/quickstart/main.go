@@ -65,7 +65,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer pool.Close()
-	if _, err := atomicphase.Migrate(ctx, pool); err != nil {
+	if _, err := atomicphase.Migrate(ctx, pool, nil); err != nil {
 		return err
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS quickstart_orders (

@@ -84,7 +84,7 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 		return err
 	}
 	defer pool.Close()
-	if _, err := atomicphase.Migrate(ctx, pool); err != nil {
+	if _, err := atomicphase.Migrate(ctx, pool, nil); err != nil {
 		return err
 	}
 	if err := Migrate(ctx, pool); err != nil {

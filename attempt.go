@@ -1,0 +1,242 @@
+package atomicphase
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// attempt is one Run or Resume that holds a key's lock. It is made only once
+// acquisition has taken the key, from the row acquisition returned, and runs
+// the key's workflow from the stored recovery point until a phase responds or
+// fails.
+type attempt struct {
+	r     *Runner
+	wf    AnyWorkflow
+	scope string
+	key   string
+	// token is the lock token this acquisition got; every commit checks it.
+	token int64
+}
+
+// phaseResult says where the workflow goes after a committed phase.
+type phaseResult struct {
+	resp    *Response // set when the phase responded
+	nextIdx int       // the index of the phase to run next
+	state   []byte
+}
+
+// run runs the workflow's phases from the row's recovery point until one
+// responds or fails.
+func (a *attempt) run(ctx context.Context, row *keyRow) (resp *Response, err error) {
+	if row.LockToken > 1 {
+		a.r.log(ctx, slog.LevelInfo, "atomicphase: resuming key", "workflow", a.wf.Name(), "recovery_point", row.RecoveryPoint, "lock_token", row.LockToken)
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			// Unlock so a retry can resume, then let the panic go on.
+			if uerr := a.r.unlock(ctx, a.scope, a.key, a.token); uerr != nil {
+				a.r.log(ctx, slog.LevelError, "atomicphase: unlock after panic failed", "error", uerr)
+			}
+			panic(p)
+		}
+	}()
+	if err := a.fault(ctx, "", AfterAcquire, nil); err != nil {
+		return nil, a.fail(ctx, "", err)
+	}
+	var jumpTarget string
+	if row.JumpTarget != nil {
+		jumpTarget = *row.JumpTarget
+	}
+	idx, err := a.wf.resumeAt(row.RecoveryPoint, jumpTarget)
+	if err != nil {
+		return nil, a.fail(ctx, "", err)
+	}
+	steps, state := a.wf.phaseSteps(), row.State
+	for {
+		if idx >= len(steps) {
+			return nil, a.fail(ctx, row.RecoveryPoint, ErrNoResponse)
+		}
+		st := &steps[idx]
+		res, err := a.runPhase(ctx, idx, st, state)
+		if err != nil {
+			return nil, a.fail(ctx, st.name, err)
+		}
+		if res.resp != nil {
+			return res.resp, nil
+		}
+		idx, state = res.nextIdx, res.state
+	}
+}
+
+// runPhase makes a foreign phase's call (once), then commits the phase,
+// retrying its transaction on serialization failures and deadlocks.
+func (a *attempt) runPhase(ctx context.Context, idx int, st *step, state []byte) (phaseResult, error) {
+	if st.call != nil {
+		// A foreign phase holds no connection before its call.
+		if err := a.fault(ctx, st.name, BeforePhase, nil); err != nil {
+			return phaseResult{}, err
+		}
+		fc := newForeignCall(a.wf.Name(), a.scope, a.key, st.name)
+		out, err := st.call(ctx, fc, state)
+		if ferr := a.fault(ctx, st.name, AfterForeign, nil); ferr != nil {
+			return phaseResult{}, ferr
+		}
+		if fc.wasViolated() {
+			err = ErrSecondForeignCall // even if the phase swallowed it
+		}
+		if err != nil {
+			return phaseResult{}, err
+		}
+		state = out
+	}
+	for try := 0; ; try++ {
+		res, err := a.commitPhase(ctx, idx, st, state)
+		if err == nil || !isConflict(err) || try >= a.r.cfg.PhaseRetries {
+			return res, err
+		}
+		a.r.log(ctx, slog.LevelInfo, "atomicphase: retrying phase", "workflow", a.wf.Name(), "phase", st.name, "try", try+1, "error", err)
+		if err := sleepJitter(ctx, a.r.cfg.retryBackoff(try)); err != nil {
+			return res, err
+		}
+	}
+}
+
+// commitPhase runs a phase's transaction on a connection of its own: the
+// local function, then its checkpoint (recovery point, state and, when it
+// responds, response), committed together. The connection is held only for
+// this.
+func (a *attempt) commitPhase(ctx context.Context, idx int, st *step, state []byte) (res phaseResult, err error) {
+	pc, err := a.r.pool.Acquire(ctx)
+	if err != nil {
+		return res, err
+	}
+	tx := newPhaseTx(pc.Conn(), st.isolation)
+	committed := false
+	defer func() {
+		p := recover()
+		switch {
+		case errors.Is(err, ErrCrashed) && p == nil:
+			crash(ctx, pc)
+			return
+		case !committed && tx.begun():
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+			_ = tx.rollback(cctx) // a broken connection is discarded by the pool
+			cancel()
+		}
+		pc.Release()
+		if p != nil {
+			panic(p)
+		}
+	}()
+
+	if st.call == nil {
+		// A local phase's body is about to run on this connection.
+		if err := a.fault(ctx, st.name, BeforePhase, pc.Conn()); err != nil {
+			return res, err
+		}
+	}
+	out := Outcome{}
+	if st.local != nil {
+		if state, out, err = st.local(ctx, tx, state); err == nil {
+			err = tx.err
+		}
+		if err != nil {
+			return res, err
+		}
+	}
+	res, cp, err := a.route(idx, st, out, state)
+	if err != nil {
+		return res, err
+	}
+	if res.resp != nil {
+		if err := a.fault(ctx, st.name, BeforeResponse, pc.Conn()); err != nil {
+			return res, err
+		}
+	}
+	if err := a.fault(ctx, st.name, BeforeCommit, pc.Conn()); err != nil {
+		return res, err
+	}
+	if err := a.commit(ctx, pc.Conn(), tx, cp); err != nil {
+		return res, err
+	}
+	committed = true
+	return res, a.fault(ctx, st.name, AfterCommit, pc.Conn())
+}
+
+// route checks a phase's outcome and says where the workflow goes next and
+// what the phase's commit stores.
+func (a *attempt) route(idx int, st *step, out Outcome, state []byte) (phaseResult, *checkpoint, error) {
+	res := phaseResult{state: state}
+	switch out.kind {
+	case outcomeRespond:
+		if out.resp.Status < 100 || out.resp.Status > 599 {
+			return res, nil, fmt.Errorf("phase responded with status %d; use 100-599", out.resp.Status)
+		}
+		resp := out.resp
+		res.resp = &resp
+		return res, &checkpoint{point: RecoveryPointFinished, state: state, resp: &resp}, nil
+	case outcomeJump:
+		for _, t := range st.jumps {
+			if t == out.target {
+				res.nextIdx, _ = a.wf.resumeAt("", t)
+				return res, &checkpoint{point: st.name, jumpTarget: t, state: state}, nil
+			}
+		}
+		return res, nil, fmt.Errorf("phase jumped to %q, which it does not declare with WithJumps", out.target)
+	default:
+		if idx+1 >= len(a.wf.phaseSteps()) {
+			return res, nil, ErrNoResponse
+		}
+		res.nextIdx = idx + 1
+		return res, &checkpoint{point: st.name, state: state}, nil
+	}
+}
+
+// fail turns a phase failure into Run's error, unlocking the key unless the
+// attempt crashed (a dead process unlocks nothing) or lost the lock (it is
+// no longer ours to unlock).
+func (a *attempt) fail(ctx context.Context, phase string, err error) error {
+	switch {
+	case errors.Is(err, ErrCrashed):
+		return err
+	case errors.Is(err, ErrLockLost):
+		a.r.log(ctx, slog.LevelWarn, "atomicphase: lock lost to a newer attempt", "workflow", a.wf.Name(), "phase", phase)
+	default:
+		if uerr := a.r.unlock(ctx, a.scope, a.key, a.token); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("unlock: %w", uerr))
+		}
+	}
+	return &PhaseError{Workflow: a.wf.Name(), Phase: phase, Err: err}
+}
+
+// fault passes the fault point place of phase (see Config.FaultInjector).
+func (a *attempt) fault(ctx context.Context, phase string, place FaultPlace, conn *pgx.Conn) error {
+	return a.r.fault(ctx, a.wf.Name(), phase, place, conn)
+}
+
+// crash leaves the connection as a killed process would: the socket is
+// closed under the open transaction, with no COMMIT, ROLLBACK or unlock.
+func crash(ctx context.Context, pc *pgxpool.Conn) {
+	conn := pc.Hijack()
+	_ = conn.PgConn().Conn().Close()
+	_ = conn.Close(ctx)
+}
+
+// sleepJitter sleeps a random duration in [0, ceiling), or until ctx ends.
+func sleepJitter(ctx context.Context, ceiling time.Duration) error {
+	t := time.NewTimer(rand.N(max(ceiling, 1)))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

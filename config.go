@@ -1,0 +1,127 @@
+package atomicphase
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Defaults of Config.
+const (
+	DefaultLockTimeout  = 90 * time.Second
+	DefaultMaxKeyLength = 255
+	DefaultPhaseRetries = 5
+	DefaultRetryBackoff = 10 * time.Millisecond
+)
+
+// Config configures a Runner. A nil *Config means all defaults.
+type Config struct {
+	// LockTimeout is how long a locked, unfinished key may go without a
+	// phase commit before the next retry may take it over and resume it.
+	// Set it above your slowest phase, foreign call included. Defaults to
+	// 90s.
+	LockTimeout time.Duration
+
+	// MaxKeyLength is the longest idempotency key accepted, in bytes (keys
+	// are printable ASCII). Defaults to 255.
+	MaxKeyLength int
+
+	// PhaseRetries is how many times a phase whose transaction met a
+	// serialization failure or deadlock is retried, with jittered
+	// exponential backoff, before the error reaches the caller. A foreign
+	// phase's call is never repeated by these retries; only its recording
+	// transaction is. Defaults to 5; a negative value disables retries.
+	PhaseRetries int
+
+	// RetryBackoff is the base of the jittered exponential backoff between
+	// phase retries: the n-th retry sleeps a random duration in
+	// [0, RetryBackoff·2^n). Defaults to 10ms.
+	RetryBackoff time.Duration
+
+	// Schema is the PostgreSQL schema that holds the key table and the
+	// functions, as given to Migrate (MigrateOpts.Schema). Defaults to ""
+	// (unqualified names, found through the connection's search_path).
+	Schema string
+
+	// Logger receives takeovers, retries and lost locks. Defaults to no
+	// logging.
+	Logger *slog.Logger
+
+	// FaultInjector is called at every fault point; see the faultinject
+	// package. Leave it nil outside tests: then fault points cost one nil
+	// check. Defaults to nil.
+	FaultInjector FaultInjector
+}
+
+// withDefaults returns the configuration with every zero field set to its
+// default, or an error naming every invalid field and how to fix it.
+func (c *Config) withDefaults() (Config, error) {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	var errs []error
+	switch {
+	case out.LockTimeout == 0:
+		out.LockTimeout = DefaultLockTimeout
+	case out.LockTimeout < time.Millisecond:
+		errs = append(errs, fmt.Errorf("Config.LockTimeout is %s; use at least 1ms, or 0 for the default %s", out.LockTimeout, DefaultLockTimeout))
+	}
+	switch {
+	case out.MaxKeyLength == 0:
+		out.MaxKeyLength = DefaultMaxKeyLength
+	case out.MaxKeyLength < 0:
+		errs = append(errs, fmt.Errorf("Config.MaxKeyLength is %d; use a positive length, or 0 for the default %d", out.MaxKeyLength, DefaultMaxKeyLength))
+	}
+	switch {
+	case out.PhaseRetries == 0:
+		out.PhaseRetries = DefaultPhaseRetries
+	case out.PhaseRetries < 0:
+		out.PhaseRetries = 0
+	}
+	switch {
+	case out.RetryBackoff == 0:
+		out.RetryBackoff = DefaultRetryBackoff
+	case out.RetryBackoff < 0:
+		errs = append(errs, fmt.Errorf("Config.RetryBackoff is %s; use a positive duration, or 0 for the default %s", out.RetryBackoff, DefaultRetryBackoff))
+	}
+	if err := checkSchemaName("Config.Schema", out.Schema); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return out, fmt.Errorf("atomicphase: invalid config: %w", errors.Join(errs...))
+	}
+	return out, nil
+}
+
+// retryBackoff is the ceiling of the jittered sleep before retry number try
+// (counting from 0).
+func (c *Config) retryBackoff(try int) time.Duration {
+	return c.RetryBackoff << try
+}
+
+// checkSchemaName accepts "" (the search_path) or a PostgreSQL identifier
+// PostgreSQL would not truncate.
+func checkSchemaName(field, schema string) error {
+	if len(schema) > maxNameLength {
+		return fmt.Errorf("%s %q is longer than %d bytes, which PostgreSQL would truncate", field, schema, maxNameLength)
+	}
+	for i := 0; i < len(schema); i++ {
+		if c := schema[i]; c < 0x20 || c > 0x7e {
+			return fmt.Errorf("%s %q must be printable ASCII", field, schema)
+		}
+	}
+	return nil
+}
+
+// qualifier is what goes before a table or function name for schema: ""
+// for the search_path, else the quoted schema name and a dot.
+func qualifier(schema string) string {
+	if schema == "" {
+		return ""
+	}
+	return pgx.Identifier{schema}.Sanitize() + "."
+}

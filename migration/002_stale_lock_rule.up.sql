@@ -1,0 +1,79 @@
+-- The stale-lock rule, written once. A key's lock goes stale when it is
+-- older than the lock timeout; an unfinished key may be taken by the next
+-- attempt when it is unlocked or its lock is stale. Acquisition, Resume and
+-- Inspect all ask these two functions. Both are plain SQL functions, which
+-- PostgreSQL inlines into the statements that call them, so writing the rule
+-- once costs nothing per call.
+CREATE FUNCTION /* TEMPLATE: schema */atomicphase_stale_before(p_lock_timeout_us bigint)
+RETURNS timestamptz LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT now() - p_lock_timeout_us * interval '1 microsecond'
+$$;
+
+CREATE FUNCTION /* TEMPLATE: schema */atomicphase_lock_takeable(p_locked_at timestamptz, p_stale_before timestamptz)
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_locked_at IS NULL OR p_locked_at < p_stale_before
+$$;
+
+-- atomicphase_acquire decides every case of an arriving request in one
+-- statement and one round trip. A finished key (replay), another
+-- fingerprint, or a live lock is answered by the primary-key read alone:
+-- nothing is built, written or drawn. A new key, or an unfinished key that
+-- is unlocked or whose lock is older than the lock timeout, goes through one
+-- stale-lock-aware upsert that records it (or takes it over, renewing its
+-- lock token) and returns where it stands. The upsert re-checks its WHERE
+-- against the newest row version, so of two attempts racing for a key only
+-- one gets it; the loser reads the row again and reports what it finds.
+CREATE OR REPLACE FUNCTION /* TEMPLATE: schema */atomicphase_acquire(
+    p_scope text, p_key text, p_workflow text, p_fingerprint bytea,
+    p_method text, p_path text, p_state jsonb, p_lock_timeout_us bigint,
+    OUT acquired boolean, OUT workflow text, OUT fingerprint bytea,
+    OUT recovery_point text, OUT next_phase text, OUT state jsonb,
+    OUT lock_token bigint, OUT lock_expires_in float8,
+    OUT response_status integer, OUT response_header jsonb, OUT response_body bytea
+) LANGUAGE plpgsql AS $$
+DECLARE
+    stale_before timestamptz := /* TEMPLATE: schema */atomicphase_stale_before(p_lock_timeout_us);
+    held_since   timestamptz;
+BEGIN
+    acquired := false;
+    FOR round IN 1..2 LOOP
+        SELECT k.workflow, k.fingerprint, k.recovery_point, k.next_phase, k.lock_token,
+               k.locked_at, k.response_status, k.response_header, k.response_body
+        INTO workflow, fingerprint, recovery_point, next_phase, lock_token,
+             held_since, response_status, response_header, response_body
+        FROM /* TEMPLATE: schema */idempotency_keys k
+        WHERE k.scope = p_scope AND k.idempotency_key = p_key;
+        IF FOUND AND (response_status IS NOT NULL OR workflow <> p_workflow
+                      OR fingerprint <> p_fingerprint
+                      OR NOT /* TEMPLATE: schema */atomicphase_lock_takeable(held_since, stale_before)) THEN
+            lock_expires_in := extract(epoch FROM held_since - stale_before)::float8;
+            RETURN;
+        END IF;
+
+        INSERT INTO /* TEMPLATE: schema */idempotency_keys AS k
+            (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, locked_at)
+        VALUES (p_scope, p_key, p_workflow, p_fingerprint, p_method, p_path, p_state, now())
+        ON CONFLICT (scope, idempotency_key) DO UPDATE
+            SET locked_at = now(), lock_token = k.lock_token + 1, updated_at = now()
+            WHERE k.response_status IS NULL AND k.workflow = p_workflow
+              AND k.fingerprint = p_fingerprint
+              AND /* TEMPLATE: schema */atomicphase_lock_takeable(k.locked_at, stale_before)
+        RETURNING k.workflow, k.fingerprint, k.recovery_point, k.next_phase, k.state, k.lock_token
+        INTO workflow, fingerprint, recovery_point, next_phase, state, lock_token;
+        IF FOUND THEN
+            acquired := true;
+            response_status := NULL;
+            response_header := NULL;
+            response_body := NULL;
+            RETURN;
+        END IF;
+        -- Another attempt took the key between the read and the upsert.
+    END LOOP;
+    -- Contended twice in a row: report the key as held, to be retried.
+    workflow := p_workflow;
+    fingerprint := p_fingerprint;
+    recovery_point := 'started';
+    lock_token := 0;
+    lock_expires_in := 0;
+END
+$$;

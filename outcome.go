@@ -1,0 +1,94 @@
+package atomicphase
+
+import (
+	"fmt"
+	"net/http"
+)
+
+type outcomeKind uint8
+
+const (
+	outcomeContinue outcomeKind = iota
+	outcomeJump
+	outcomeRespond
+)
+
+// Outcome tells the Runner where a workflow goes after a phase commits. The
+// zero value continues to the next phase.
+type Outcome struct {
+	kind   outcomeKind
+	target string
+	resp   Response
+}
+
+// Continue returns the outcome that runs the next phase in order.
+func Continue() Outcome { return Outcome{} }
+
+// JumpTo returns the outcome that runs the named phase next. The current
+// phase must declare the target with WithJumps.
+func JumpTo(phase string) Outcome { return Outcome{kind: outcomeJump, target: phase} }
+
+// Respond returns the outcome that finishes the workflow: the response is
+// stored in the phase's transaction and replayed, byte for byte, for every
+// later request with the same key.
+func Respond(status int, body []byte) Outcome {
+	return Outcome{kind: outcomeRespond, resp: Response{Status: status, Body: body}}
+}
+
+// WithHeader returns a copy of a Respond outcome that also stores and
+// replays the header key: value. It has no effect on other outcomes.
+func (o Outcome) WithHeader(key, value string) Outcome {
+	if o.kind != outcomeRespond {
+		return o
+	}
+	h := o.resp.Header.Clone()
+	if h == nil {
+		h = make(http.Header)
+	}
+	h.Add(key, value)
+	o.resp.Header = h
+	return o
+}
+
+// Continues reports whether the outcome runs the next phase in order. With
+// JumpTarget and Response it lets a unit test check what a phase function
+// returned without running it through a Runner.
+func (o Outcome) Continues() bool { return o.kind == outcomeContinue }
+
+// JumpTarget returns the phase a JumpTo outcome runs next, and whether the
+// outcome is a jump.
+func (o Outcome) JumpTarget() (phase string, ok bool) {
+	return o.target, o.kind == outcomeJump
+}
+
+// Response returns the response a Respond outcome stores, and whether the
+// outcome responds. The returned Response's Header and Body are the
+// outcome's own; treat them as read-only.
+func (o Outcome) Response() (resp Response, ok bool) {
+	return o.resp, o.kind == outcomeRespond
+}
+
+// String describes the outcome: "continue", "jump to NAME" or
+// "respond STATUS".
+func (o Outcome) String() string {
+	switch o.kind {
+	case outcomeJump:
+		return fmt.Sprintf("jump to %q", o.target)
+	case outcomeRespond:
+		return fmt.Sprintf("respond %d", o.resp.Status)
+	}
+	return "continue"
+}
+
+// Response is a workflow's final answer, stored with the key.
+type Response struct {
+	// Status is the HTTP-style status code the workflow responded with.
+	Status int
+	// Header holds the headers the workflow marked for replay.
+	Header http.Header
+	// Body is the response body, replayed byte for byte.
+	Body []byte
+	// Replayed is true when the response was read back from the store
+	// rather than produced by this call.
+	Replayed bool
+}

@@ -1,0 +1,69 @@
+package atomicphase
+
+import (
+	"fmt"
+	"strings"
+	"unicode/utf8"
+)
+
+// maxScopeLength is the longest scope accepted, in bytes.
+const maxScopeLength = 255
+
+// Request is one attempt at an idempotent request.
+type Request struct {
+	// Scope is who the server authenticated (a user or tenant id). Keys
+	// are unique per scope: the same key under two scopes is two requests.
+	Scope string
+	// Key is the client's idempotency key: 1 to Config.MaxKeyLength
+	// printable ASCII characters.
+	Key string
+	// Method and Path identify the operation; they are part of the
+	// fingerprint.
+	Method string
+	Path   string
+	// Params is the request's JSON body, fingerprinted in canonical form
+	// (member order and whitespace do not matter) and, by default, decoded
+	// into the workflow's initial state. It may be empty.
+	Params []byte
+}
+
+// validate checks what Run needs of a request before it fingerprints it.
+func (req *Request) validate(maxKeyLength int) error {
+	if err := validateKey(req.Scope, req.Key, maxKeyLength); err != nil {
+		return err
+	}
+	for _, f := range [...]struct{ name, v string }{{"method", req.Method}, {"path", req.Path}} {
+		if !isText(f.v) {
+			return fmt.Errorf("%w: %s is not valid UTF-8 text", ErrInvalidRequest, f.name)
+		}
+	}
+	return nil
+}
+
+// validateKey is the one definition of a well-formed (scope, key): the key
+// is 1 to maxKeyLength printable ASCII bytes, the scope UTF-8 text of at
+// most 255 bytes. The HTTP adapter parses the header's syntax and leaves
+// these rules to this function.
+func validateKey(scope, key string, maxKeyLength int) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: the key is empty", ErrInvalidKey)
+	case len(key) > maxKeyLength:
+		return fmt.Errorf("%w: the key is %d characters long; the limit is %d", ErrInvalidKey, len(key), maxKeyLength)
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x20 || c > 0x7e {
+			return fmt.Errorf("%w: byte %d of the key (0x%02x) is not printable ASCII", ErrInvalidKey, i, c)
+		}
+	}
+	if len(scope) > maxScopeLength || !isText(scope) {
+		return fmt.Errorf("%w: the scope must be UTF-8 text of at most %d bytes without NUL", ErrInvalidKey, maxScopeLength)
+	}
+	return nil
+}
+
+// isText reports whether s is valid UTF-8 without NUL, which PostgreSQL's
+// text type cannot hold.
+func isText(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+}

@@ -1,0 +1,179 @@
+package atomicphase
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/georgysavva/scany/v2/pgxscan"
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// statements are the key store's SQL, rendered once for Config.Schema. The
+// statement texts live beside the concept they serve: acquisition, taking
+// and unlocking in lock.go, the checkpoint in recovery_point.go, inspection
+// and the schema check here.
+type statements struct {
+	acquire, take, unlock, checkpoint, inspect, checkSchema string
+}
+
+func newStatements(schema string) statements {
+	return statements{
+		acquire:     renderSQL(acquireSQL, schema),
+		take:        renderSQL(takeSQL, schema),
+		unlock:      renderSQL(unlockSQL, schema),
+		checkpoint:  renderSQL(checkpointSQL, schema),
+		inspect:     renderSQL(inspectSQL, schema),
+		checkSchema: checkSchemaSQL,
+	}
+}
+
+// KeyInfo is what Inspect reports about a key.
+type KeyInfo struct {
+	Scope         string
+	Key           string
+	Workflow      string
+	RecoveryPoint string
+	// Locked is true while an attempt holds the key.
+	Locked bool
+	// LockExpiresIn is how long until a held lock goes stale, in seconds.
+	LockExpiresIn *float64
+	// LockToken counts the acquisitions of the key.
+	LockToken int64
+	// State is the workflow state as of the last committed phase (JSON).
+	State []byte
+	// Response is the stored response once the key is finished.
+	Response  *Response
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+const inspectSQL = `
+SELECT scope, idempotency_key AS key, workflow, recovery_point,
+       locked_at IS NOT NULL AS locked, lock_token, state,
+       extract(epoch FROM locked_at - /* TEMPLATE: schema */atomicphase_stale_before($3))::float8 AS lock_expires_in,
+       response_status AS status, response_header AS header, response_body AS body,
+       created_at, updated_at
+FROM /* TEMPLATE: schema */idempotency_keys WHERE scope = $1 AND idempotency_key = $2`
+
+// Inspect reads a key's stored row without locking or changing it, for
+// operators and tests. A key never recorded returns ErrKeyNotFound.
+func (r *Runner) Inspect(ctx context.Context, scope, key string) (*KeyInfo, error) {
+	var row struct {
+		KeyInfo
+		Status *int
+		Header http.Header
+		Body   []byte
+	}
+	err := pgxscan.Get(ctx, r.pool, &row, r.sql.inspect, scope, key, r.cfg.LockTimeout.Microseconds())
+	if pgxscan.NotFound(err) {
+		return nil, ErrKeyNotFound
+	}
+	if err != nil {
+		return nil, storeError("inspect key", err)
+	}
+	info := row.KeyInfo
+	if row.Status != nil {
+		info.Response = &Response{Status: *row.Status, Header: row.Header, Body: row.Body, Replayed: true}
+	}
+	return &info, nil
+}
+
+// schemaObjects are the tables and functions this version of the library
+// uses, as to_regclass and to_regprocedure name them. CheckSchema looks for
+// each; keep the list in step with the newest migration.
+var schemaObjects = []struct{ kind, name string }{
+	{"table", "idempotency_keys"},
+	{"function", "atomicphase_acquire(text, text, text, bytea, text, text, jsonb, bigint)"},
+	{"function", "atomicphase_checkpoint(text, text, bigint, text, text, jsonb, integer, jsonb, bytea)"},
+	{"function", "atomicphase_stale_before(bigint)"},
+	{"function", "atomicphase_lock_takeable(timestamptz, timestamptz)"},
+}
+
+const checkSchemaSQL = `
+SELECT coalesce(array_agg(o.name ORDER BY o.ord), '{}')
+FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS o(kind, name, ord)
+WHERE CASE o.kind WHEN 'table' THEN to_regclass(o.name) IS NULL
+                  ELSE to_regprocedure(o.name) IS NULL END`
+
+// CheckSchema reports whether the database has the key table and functions
+// this version of the library needs, in Config.Schema. Call it at start-up:
+// it returns nil when all is there, an error wrapping ErrSchemaMissing that
+// names what is missing and says to run Migrate when not, and a store error
+// when the database cannot be asked. It reads the catalog and writes
+// nothing.
+func (r *Runner) CheckSchema(ctx context.Context) error {
+	kinds := make([]string, len(schemaObjects))
+	names := make([]string, len(schemaObjects))
+	q := qualifier(r.cfg.Schema)
+	for i, o := range schemaObjects {
+		kinds[i], names[i] = o.kind, q+o.name
+	}
+	var missing []string
+	if err := r.pool.QueryRow(ctx, r.sql.checkSchema, kinds, names).Scan(&missing); err != nil {
+		return storeError("check schema", err)
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: missing %s; run atomicphase.Migrate (or apply schema.sql)%s",
+			ErrSchemaMissing, strings.Join(missing, ", "), schemaHint(r.cfg.Schema))
+	}
+	return nil
+}
+
+func schemaHint(schema string) string {
+	if schema == "" {
+		return " on the connection's search_path"
+	}
+	return fmt.Sprintf(" with MigrateOpts.Schema %q", schema)
+}
+
+// storeError classifies a failed key-store statement:
+//   - a cancelled or expired context is passed through as it is;
+//   - a missing table or function wraps ErrSchemaMissing, with how to fix it;
+//   - the store counts as unavailable (ErrStoreUnavailable) when the driver
+//     never got an answer (no server error at all), or when the server
+//     answered by dropping the connection (see connectionLost), as when the
+//     backend was terminated while the connection sat in the pool;
+//   - any other server error is passed through.
+func storeError(what string, err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("atomicphase: %s: %w", what, err)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || connectionLost(pgErr) {
+		return fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, what, err)
+	}
+	switch pgErr.Code {
+	case pgerrcode.UndefinedTable, pgerrcode.UndefinedFunction:
+		return fmt.Errorf("%w: %s: %w (run atomicphase.Migrate, or check Config.Schema)", ErrSchemaMissing, what, err)
+	}
+	return fmt.Errorf("atomicphase: %s: %w", what, err)
+}
+
+// connectionLost reports a server error after which the connection is gone:
+// a FATAL or PANIC, a connection exception (class 08), or an operator
+// intervention that ends sessions (shutdown, crash, no connections now, the
+// database dropped, an idle session timed out).
+func connectionLost(e *pgconn.PgError) bool {
+	if e.Severity == "FATAL" || e.Severity == "PANIC" || pgerrcode.IsConnectionException(e.Code) {
+		return true
+	}
+	switch e.Code {
+	case pgerrcode.AdminShutdown, pgerrcode.CrashShutdown, pgerrcode.CannotConnectNow,
+		pgerrcode.DatabaseDropped, pgerrcode.IdleSessionTimeout:
+		return true
+	}
+	return false
+}
+
+// isConflict reports serialization failures and deadlocks: the transient
+// conflicts a phase's transaction is retried for.
+func isConflict(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) &&
+		(pgErr.Code == pgerrcode.SerializationFailure || pgErr.Code == pgerrcode.DeadlockDetected)
+}
