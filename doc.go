@@ -34,6 +34,7 @@
 // Apply the schema once with Migrate (or schema.sql), then:
 //
 //	runner, err := atomicphase.NewRunner(pool, nil)
+//	err = runner.CheckSchema(ctx) // ErrSchemaMissing: run Migrate
 //	resp, err := runner.Run(ctx, createRide, atomicphase.Request{
 //		Scope: userID, Key: idempotencyKey,
 //		Method: "POST", Path: "/rides", Params: body,
@@ -48,8 +49,18 @@
 // and the lock token it no longer holds keeps it from committing anything
 // more (fencing).
 //
-// Resume continues an unfinished key with no request at hand, for a
+// Retryable tells the final answers (a malformed key or request, a key reused
+// with another request) from everything a retry with the same key may
+// change. Resume continues an unfinished key with no request at hand, for a
 // background completer. Inspect reads a key's state.
+//
+// # Reading the code
+//
+// One concept per file: runner.go holds Run's whole path, request.go the
+// request's validation, lock.go the acquisition, attempt.go the phases of
+// one held key, recovery_point.go the checkpoint each phase commits. The
+// "code, file by file" section of docs/concepts.md walks a request through
+// them in order.
 //
 // # Testing
 //
