@@ -51,10 +51,6 @@ type Options struct {
 	// Defaults to false: a key is required.
 	PassThroughWithoutKey bool
 
-	// MaxKeyLength is the longest key accepted. Defaults to 255; keep it
-	// no larger than the Runner's Config.MaxKeyLength.
-	MaxKeyLength int
-
 	// ContentType is sent with a workflow's response when it stored no
 	// Content-Type header of its own. Defaults to "application/json".
 	ContentType string
@@ -79,9 +75,6 @@ func Middleware(runner *atomicphase.Runner, wf atomicphase.AnyWorkflow, opts *Op
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
-	if o.MaxKeyLength <= 0 {
-		o.MaxKeyLength = atomicphase.DefaultMaxKeyLength
-	}
 	if o.ContentType == "" {
 		o.ContentType = "application/json"
 	}
@@ -102,7 +95,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	key, err := ParseKey(r.Header, h.opts.MaxKeyLength)
+	// The header's syntax is checked here, before anything else; the key's
+	// length and characters are the Runner's to check (Config.MaxKeyLength),
+	// and Run's ErrInvalidKey answers the same 400 below.
+	key, err := ParseKey(r.Header)
 	switch {
 	case errors.Is(err, ErrMissingKey) && h.opts.PassThroughWithoutKey:
 		h.next.ServeHTTP(w, r)
