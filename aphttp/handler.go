@@ -51,10 +51,6 @@ type Options struct {
 	// Defaults to false: a key is required.
 	PassThroughWithoutKey bool
 
-	// MaxKeyLength is the longest key accepted. Defaults to 255; keep it
-	// no larger than the Runner's Config.MaxKeyLength.
-	MaxKeyLength int
-
 	// ContentType is sent with a workflow's response when it stored no
 	// Content-Type header of its own. Defaults to "application/json".
 	ContentType string
@@ -79,9 +75,6 @@ func Middleware(runner *atomicphase.Runner, wf atomicphase.AnyWorkflow, opts *Op
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
-	if o.MaxKeyLength <= 0 {
-		o.MaxKeyLength = atomicphase.DefaultMaxKeyLength
-	}
 	if o.ContentType == "" {
 		o.ContentType = "application/json"
 	}
@@ -102,7 +95,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	key, err := ParseKey(r.Header, h.opts.MaxKeyLength)
+	// The header's syntax is checked here, before anything else; the key's
+	// length and characters are the Runner's to check (Config.MaxKeyLength),
+	// and Run's ErrInvalidKey answers the same 400 below.
+	key, err := ParseKey(r.Header)
 	switch {
 	case errors.Is(err, ErrMissingKey) && h.opts.PassThroughWithoutKey:
 		h.next.ServeHTTP(w, r)
@@ -160,8 +156,23 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(resp.Body)
 }
 
-// writeError maps Run's errors onto the draft's status codes.
+// writeError maps Run's errors onto the draft's status codes. Whether an
+// answer is final (4xx, a retry can only repeat it) or transient (409 or
+// 5xx, a retry with the same key may succeed) is atomicphase.Retryable's
+// decision; this only picks the status and problem type within each side.
 func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	if !atomicphase.Retryable(err) {
+		switch {
+		case errors.Is(err, atomicphase.ErrFingerprintMismatch):
+			WriteProblem(w, Problem{Type: ProblemKeyReused, Title: "Idempotency-Key reused with a different request", Status: http.StatusUnprocessableEntity,
+				Detail: "this key was first used with another method, path or body; use a new key for a new request"}, 0)
+		case errors.Is(err, atomicphase.ErrInvalidKey):
+			WriteProblem(w, Problem{Type: ProblemInvalidKey, Title: "Malformed Idempotency-Key header", Status: http.StatusBadRequest, Detail: err.Error()}, 0)
+		default: // atomicphase.ErrInvalidRequest, and any final answer added later
+			WriteProblem(w, Problem{Type: ProblemInvalidRequest, Title: "Invalid request body", Status: http.StatusUnprocessableEntity, Detail: err.Error()}, 0)
+		}
+		return
+	}
 	var inProgress *atomicphase.InProgressError
 	switch {
 	case errors.As(err, &inProgress):
@@ -171,13 +182,6 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 		// A newer attempt took the key over; it owns the answer now.
 		WriteProblem(w, Problem{Type: ProblemInProgress, Title: "A request with this Idempotency-Key is in progress", Status: http.StatusConflict,
 			Detail: "a newer attempt took this request over; retry to get its result"}, 1)
-	case errors.Is(err, atomicphase.ErrFingerprintMismatch):
-		WriteProblem(w, Problem{Type: ProblemKeyReused, Title: "Idempotency-Key reused with a different request", Status: http.StatusUnprocessableEntity,
-			Detail: "this key was first used with another method, path or body; use a new key for a new request"}, 0)
-	case errors.Is(err, atomicphase.ErrInvalidKey):
-		WriteProblem(w, Problem{Type: ProblemInvalidKey, Title: "Malformed Idempotency-Key header", Status: http.StatusBadRequest, Detail: err.Error()}, 0)
-	case errors.Is(err, atomicphase.ErrInvalidRequest):
-		WriteProblem(w, Problem{Type: ProblemInvalidRequest, Title: "Invalid request body", Status: http.StatusUnprocessableEntity, Detail: err.Error()}, 0)
 	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
 		// The client hung up; nobody reads this answer.
 		w.WriteHeader(499)

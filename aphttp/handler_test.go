@@ -47,8 +47,14 @@ func setup(t *testing.T, opts *aphttp.Options) *bundle {
 
 func setupOn(t *testing.T, pool *pgxpool.Pool, opts *aphttp.Options) *bundle {
 	t.Helper()
+	return setupRunnerOn(t, pool, nil, opts)
+}
+
+// setupRunnerOn is setupOn with the Runner's Config.
+func setupRunnerOn(t *testing.T, pool *pgxpool.Pool, cfg *atomicphase.Config, opts *aphttp.Options) *bundle {
+	t.Helper()
 	b := &bundle{}
-	runner, err := atomicphase.NewRunner(pool, nil)
+	runner, err := atomicphase.NewRunner(pool, cfg)
 	require.NoError(t, err)
 	b.runner = runner
 	wf := atomicphase.MustWorkflow("note", []atomicphase.Phase[note]{
@@ -165,6 +171,45 @@ func TestMalformedKeys(t *testing.T) {
 	}
 	// Two header lines are a list too.
 	requireProblem(t, b.do(t, "POST", "one", `{"text":"x"}`, "Idempotency-Key", "two"), 400, aphttp.ProblemInvalidKey)
+	require.Zero(t, b.runs.Load())
+}
+
+// TestOverLongKeyIs400FromTheRunner: the header parser takes a key of any
+// length; the Runner's Config.MaxKeyLength is the one limit, and Run's
+// ErrInvalidKey is the middleware's 400.
+func TestOverLongKeyIs400FromTheRunner(t *testing.T) {
+	t.Parallel()
+	db := atomicphasetest.NewDB(t, nil)
+	b := setupOn(t, db.Pool, nil)
+	for _, key := range []string{strings.Repeat("k", 256), `"` + strings.Repeat("k", 256) + `"`} {
+		_, err := aphttp.ParseKey(http.Header{aphttp.HeaderName: {key}})
+		require.NoError(t, err, "the parser leaves the length to the Runner")
+		r := b.do(t, "POST", key, `{"text":"x"}`)
+		requireProblem(t, r, 400, aphttp.ProblemInvalidKey)
+		require.Contains(t, string(r.body), "the limit is 255")
+	}
+	require.Equal(t, 201, b.do(t, "POST", strings.Repeat("k", 255), `{"text":"x"}`).status)
+
+	short := setupRunnerOn(t, db.Pool, &atomicphase.Config{MaxKeyLength: 8}, nil)
+	requireProblem(t, short.do(t, "POST", "123456789", `{"text":"x"}`), 400, aphttp.ProblemInvalidKey)
+	require.Equal(t, 201, short.do(t, "POST", "12345678", `{"text":"x"}`).status)
+	require.Equal(t, int32(1), b.runs.Load(), "only the 255-character key ran")
+	require.Equal(t, int32(1), short.runs.Load(), "only the 8-character key ran")
+}
+
+// TestNonPrintableKeyIs400FromTheRunner: bytes a header value may carry but
+// a key may not (UTF-8, an inner tab) pass the parser and are refused by
+// the Runner, with the middleware's 400 and nothing stored.
+func TestNonPrintableKeyIs400FromTheRunner(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, key := range []string{"caf\xc3\xa9", "tab\there"} {
+		_, err := aphttp.ParseKey(http.Header{aphttp.HeaderName: {key}})
+		require.NoError(t, err, "the parser leaves the characters to the Runner")
+		r := b.do(t, "POST", key, `{"text":"x"}`)
+		requireProblem(t, r, 400, aphttp.ProblemInvalidKey)
+		require.Contains(t, string(r.body), "not printable ASCII")
+	}
 	require.Zero(t, b.runs.Load())
 }
 

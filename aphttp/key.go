@@ -19,11 +19,17 @@ var (
 // ParseKey reads the Idempotency-Key header of h. It accepts the key as an
 // RFC 8941 sf-string ("abc", as the IETF draft writes it, with \" and \\
 // escapes) or as a bare token (abc, as Stripe clients send it): both forms
-// of the same characters are the same key. The key must be 1 to maxLen
-// printable ASCII characters. Several header lines, a comma-separated list,
-// parameters after the string, or anything else that is not one key is
-// ErrInvalidKey; no header at all is ErrMissingKey.
-func ParseKey(h http.Header, maxLen int) (string, error) {
+// of the same characters are the same key.
+//
+// ParseKey checks syntax only. No header at all is ErrMissingKey. An empty
+// value (bare or ""), several header lines, a comma-separated list,
+// parameters after the string, a bad escape or a character the form cannot
+// carry (outside printable ASCII in a sf-string; a control character, a
+// comma or a quote in a bare key) is ErrInvalidKey. Whether the key is
+// short enough and made of printable ASCII is the Runner's to decide
+// (Config.MaxKeyLength): Run answers atomicphase.ErrInvalidKey, which
+// Middleware maps to the same 400 as ErrInvalidKey here.
+func ParseKey(h http.Header) (string, error) {
 	values := h.Values(HeaderName)
 	switch len(values) {
 	case 0:
@@ -47,18 +53,16 @@ func ParseKey(h http.Header, maxLen int) (string, error) {
 		if i := strings.IndexAny(v, `,"`); i >= 0 {
 			return "", fmt.Errorf("%w: a bare key may not contain %q (a list?); quote it as an sf-string", ErrInvalidKey, v[i])
 		}
+		// RFC 9110 field values carry no control characters but HTAB.
+		for i := 0; i < len(v); i++ {
+			if c := v[i]; (c < 0x20 && c != '\t') || c == 0x7f {
+				return "", fmt.Errorf("%w: control character 0x%02x is not allowed in a header value", ErrInvalidKey, c)
+			}
+		}
 		key = v
 	}
 	if key == "" {
 		return "", fmt.Errorf("%w: the key is empty", ErrInvalidKey)
-	}
-	if len(key) > maxLen {
-		return "", fmt.Errorf("%w: the key is %d characters long; the limit is %d", ErrInvalidKey, len(key), maxLen)
-	}
-	for i := 0; i < len(key); i++ {
-		if c := key[i]; c < 0x20 || c > 0x7e {
-			return "", fmt.Errorf("%w: character %d (0x%02x) is not printable ASCII", ErrInvalidKey, i, c)
-		}
 	}
 	return key, nil
 }
@@ -87,7 +91,8 @@ func parseSFString(s string) (value, rest string, err error) {
 }
 
 // FormatKey writes key as an RFC 8941 sf-string, the form the IETF draft
-// uses; ParseKey reads it back.
+// uses; ParseKey reads it back. An sf-string carries printable ASCII only,
+// which every key the Runner accepts is.
 func FormatKey(key string) string {
 	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`
 }
