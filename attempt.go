@@ -23,6 +23,18 @@ type attempt struct {
 	key   string
 	// token is the lock token this acquisition got; every commit checks it.
 	token int64
+	// salt is the key row's downstream salt ("" on rows older than it).
+	salt string
+}
+
+// newAttempt makes the attempt for a key acquisition took, from the row it
+// returned.
+func newAttempt(r *Runner, wf AnyWorkflow, scope, key string, row *keyRow) *attempt {
+	a := &attempt{r: r, wf: wf, scope: scope, key: key, token: row.LockToken}
+	if row.DownstreamSalt != nil {
+		a.salt = *row.DownstreamSalt
+	}
+	return a
 }
 
 // phaseResult says where the workflow goes after a committed phase.
@@ -35,8 +47,8 @@ type phaseResult struct {
 // run runs the workflow's phases from the row's recovery point until one
 // responds or fails.
 func (a *attempt) run(ctx context.Context, row *keyRow) (resp *Response, err error) {
-	if row.LockToken > 1 {
-		a.r.log(ctx, slog.LevelInfo, "atomicphase: resuming key", "workflow", a.wf.Name(), "recovery_point", row.RecoveryPoint, "lock_token", row.LockToken)
+	if row.RecoveryPoint != RecoveryPointStarted {
+		a.r.log(ctx, slog.LevelInfo, "atomicphase: resuming key", "workflow", a.wf.Name(), "recovery_point", row.RecoveryPoint)
 	}
 	defer func() {
 		if p := recover(); p != nil {
@@ -56,12 +68,12 @@ func (a *attempt) run(ctx context.Context, row *keyRow) (resp *Response, err err
 	}
 	idx, err := a.wf.resumeAt(row.RecoveryPoint, jumpTarget)
 	if err != nil {
-		return nil, a.fail(ctx, "", err)
+		return nil, a.fail(ctx, "", Permanent(err))
 	}
 	steps, state := a.wf.phaseSteps(), row.State
 	for {
 		if idx >= len(steps) {
-			return nil, a.fail(ctx, row.RecoveryPoint, ErrNoResponse)
+			return nil, a.fail(ctx, row.RecoveryPoint, Permanent(ErrNoResponse))
 		}
 		st := &steps[idx]
 		res, err := a.runPhase(ctx, idx, st, state)
@@ -83,13 +95,13 @@ func (a *attempt) runPhase(ctx context.Context, idx int, st *step, state []byte)
 		if err := a.fault(ctx, st.name, BeforePhase, nil); err != nil {
 			return phaseResult{}, err
 		}
-		fc := newForeignCall(a.wf.Name(), a.scope, a.key, st.name)
+		fc := newForeignCall(downstreamKey(a.salt, a.wf.Name(), a.scope, a.key, st.name))
 		out, err := st.call(ctx, fc, state)
 		if ferr := a.fault(ctx, st.name, AfterForeign, nil); ferr != nil {
 			return phaseResult{}, ferr
 		}
 		if fc.wasViolated() {
-			err = ErrSecondForeignCall // even if the phase swallowed it
+			err = Permanent(ErrSecondForeignCall) // even if the phase swallowed it
 		}
 		if err != nil {
 			return phaseResult{}, err
@@ -98,6 +110,10 @@ func (a *attempt) runPhase(ctx context.Context, idx int, st *step, state []byte)
 	}
 	for try := 0; ; try++ {
 		res, err := a.commitPhase(ctx, idx, st, state)
+		if isDataError(err) {
+			// The same input meets the same refusal on every retry.
+			return res, Permanent(err)
+		}
 		if err == nil || !isConflict(err) || try >= a.r.cfg.PhaseRetries {
 			return res, err
 		}
@@ -176,12 +192,16 @@ func (a *attempt) route(idx int, st *step, out Outcome, state []byte) (phaseResu
 	res := phaseResult{state: state}
 	switch out.kind {
 	case outcomeRespond:
-		if out.resp.Status < 100 || out.resp.Status > 599 {
-			return res, nil, fmt.Errorf("phase responded with status %d; use 100-599", out.resp.Status)
+		if out.resp.Status < 200 || out.resp.Status > 599 {
+			return res, nil, Permanent(fmt.Errorf("phase responded with status %d; a final response is 200-599", out.resp.Status))
 		}
 		resp := out.resp
 		res.resp = &resp
-		return res, &checkpoint{point: RecoveryPointFinished, state: state, resp: &resp}, nil
+		cp := &checkpoint{point: RecoveryPointFinished, resp: &resp}
+		if a.wf.keepsFinishedState() {
+			cp.state = state
+		}
+		return res, cp, nil
 	case outcomeJump:
 		for _, t := range st.jumps {
 			if t == out.target {
@@ -189,25 +209,30 @@ func (a *attempt) route(idx int, st *step, out Outcome, state []byte) (phaseResu
 				return res, &checkpoint{point: st.name, jumpTarget: t, state: state}, nil
 			}
 		}
-		return res, nil, fmt.Errorf("phase jumped to %q, which it does not declare with WithJumps", out.target)
+		return res, nil, Permanent(fmt.Errorf("phase jumped to %q, which it does not declare with WithJumps", out.target))
 	default:
 		if idx+1 >= len(a.wf.phaseSteps()) {
-			return res, nil, ErrNoResponse
+			return res, nil, Permanent(ErrNoResponse)
 		}
 		res.nextIdx = idx + 1
 		return res, &checkpoint{point: st.name, state: state}, nil
 	}
 }
 
-// fail turns a phase failure into Run's error, unlocking the key unless the
-// attempt crashed (a dead process unlocks nothing) or lost the lock (it is
-// no longer ours to unlock).
+// fail turns a phase failure into Run's error: a permanent failure parks the
+// key, any other unlocks it, except when the attempt crashed (a dead process
+// unlocks nothing) or lost the lock (it is no longer ours to unlock).
 func (a *attempt) fail(ctx context.Context, phase string, err error) error {
 	switch {
 	case errors.Is(err, ErrCrashed):
 		return err
 	case errors.Is(err, ErrLockLost):
 		a.r.log(ctx, slog.LevelWarn, "atomicphase: lock lost to a newer attempt", "workflow", a.wf.Name(), "phase", phase)
+	case errors.Is(err, ErrPermanent):
+		a.r.log(ctx, slog.LevelError, "atomicphase: key parked after a permanent failure", "workflow", a.wf.Name(), "phase", phase, "error", err)
+		if perr := a.r.park(ctx, a.scope, a.key, a.token, fmt.Errorf("phase %q: %w", phase, err)); perr != nil {
+			err = errors.Join(err, fmt.Errorf("park: %w", perr))
+		}
 	default:
 		if uerr := a.r.unlock(ctx, a.scope, a.key, a.token); uerr != nil {
 			err = errors.Join(err, fmt.Errorf("unlock: %w", uerr))

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -100,6 +101,9 @@ func (c *Config) withDefaults() (Config, error) {
 // retryBackoff is the ceiling of the jittered sleep before retry number try
 // (counting from 0).
 func (c *Config) retryBackoff(try int) time.Duration {
+	if try >= 62 || c.RetryBackoff > math.MaxInt64>>try {
+		return math.MaxInt64 // RetryBackoff·2^try would overflow
+	}
 	return c.RetryBackoff << try
 }
 

@@ -15,6 +15,13 @@ var (
 	// written.
 	ErrInvalidKey = errors.New("atomicphase: invalid idempotency key")
 
+	// ErrInvalidScope means the scope Run was given is not one the key
+	// store can hold: empty (which would share keys among every such
+	// caller), longer than 255 bytes, or not UTF-8 text without NUL. The
+	// scope is the server's own value, so this is the server's bug, not the
+	// client's. Nothing was written.
+	ErrInvalidScope = errors.New("atomicphase: invalid scope")
+
 	// ErrInvalidRequest means the request could not be fingerprinted or the
 	// workflow's Start function rejected its parameters. Nothing was written,
 	// so a corrected request may reuse the key.
@@ -33,8 +40,12 @@ var (
 	// the newer attempt owns the request now.
 	ErrLockLost = errors.New("atomicphase: lock on idempotency key lost to a newer attempt")
 
-	// ErrStoreUnavailable means PostgreSQL could not be reached. When Run
-	// returns it before acquiring the key, no phase and no foreign call ran.
+	// ErrStoreUnavailable means PostgreSQL could not be reached, or the
+	// connection broke before its answer arrived. When Run returns it from
+	// the acquisition, no phase and no foreign call ran; the key may have
+	// been recorded all the same (the statement committed, its answer was
+	// lost), in which case Run unlocks it by its lock token, best effort, so
+	// that a retry resumes at once rather than after the lock timeout.
 	ErrStoreUnavailable = errors.New("atomicphase: key store unavailable")
 
 	// ErrKeyNotFound is returned by Resume and Inspect for a key that was
@@ -58,6 +69,17 @@ var (
 	// commit, rollback or unlock, and the key stays locked until the lock
 	// timeout. Only test code sees it.
 	ErrCrashed = errors.New("atomicphase: attempt crashed (injected fault)")
+
+	// ErrPermanent marks an error no retry of the same code can fix: a
+	// phase that wraps its error with Permanent (a downstream's 400 for a
+	// request it will never accept, say), and the framework's own
+	// programming errors (ErrNoResponse, ErrSecondForeignCall, a jump or a
+	// status the phase may not use, a stored recovery point the workflow no
+	// longer has, a state that does not decode). The key is parked: unlocked
+	// and marked, with the error, for an operator; Retryable reports false,
+	// so clients stop instead of looping. A later retry (once the code is
+	// fixed) resumes the key.
+	ErrPermanent = errors.New("atomicphase: permanent failure")
 
 	// ErrSchemaMissing means the database lacks the key table or a function
 	// this version of the library needs: it was never migrated, was
@@ -108,10 +130,27 @@ func (e *PhaseError) Error() string {
 // Unwrap returns the phase's own error.
 func (e *PhaseError) Unwrap() error { return e.Err }
 
+// Permanent marks err as an error no retry can fix (see ErrPermanent). A
+// phase returns Permanent(err) for a failure that would only repeat: the key
+// is parked for an operator instead of being retried. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string        { return e.err.Error() }
+func (e *permanentError) Unwrap() error        { return e.err }
+func (e *permanentError) Is(target error) bool { return target == ErrPermanent }
+
 // Retryable reports whether a client that got err from Run may send the same
 // request again with the same key and hope for another answer. It is false
 // for nil and for the final answers, which a retry of the same request can
-// only repeat: ErrInvalidKey, ErrInvalidRequest and ErrFingerprintMismatch.
+// only repeat: ErrInvalidKey, ErrInvalidScope, ErrInvalidRequest,
+// ErrFingerprintMismatch and ErrPermanent.
 // It is true for everything else: a key in progress (ErrInProgress), a lock
 // lost to a newer attempt (ErrLockLost), an unreachable store
 // (ErrStoreUnavailable), a phase that failed and rolled back (*PhaseError),
@@ -122,6 +161,8 @@ func Retryable(err error) bool {
 		return false
 	}
 	return !errors.Is(err, ErrInvalidKey) &&
+		!errors.Is(err, ErrInvalidScope) &&
 		!errors.Is(err, ErrInvalidRequest) &&
+		!errors.Is(err, ErrPermanent) &&
 		!errors.Is(err, ErrFingerprintMismatch)
 }

@@ -18,14 +18,19 @@ type ForeignCall struct {
 	violated bool
 }
 
-// newForeignCall returns the guard for one run of a foreign phase.
-func newForeignCall(workflow, scope, key, phase string) *ForeignCall {
-	return &ForeignCall{key: DownstreamKey(workflow, scope, key, phase)}
+// newForeignCall returns the guard for one run of a foreign phase whose
+// downstream key is key.
+func newForeignCall(key string) *ForeignCall {
+	return &ForeignCall{key: key}
 }
 
-// Key returns the downstream idempotency key: derived from the workflow,
-// scope, key and phase, identical on every retry of the request, distinct
-// across scopes and phases. Send it to the downstream as its idempotency key.
+// Key returns the downstream idempotency key: derived from the key row (its
+// workflow, scope, client key and a salt drawn when the row was first
+// recorded) and the phase. It is identical on every retry of the request,
+// distinct across scopes and phases, and new for a new row under the same
+// client key (after the old row was deleted), so an old downstream result
+// is never re-linked to a new request. Send it to the downstream as its
+// idempotency key.
 func (c *ForeignCall) Key() string { return c.key }
 
 // Do makes the phase's foreign call: it runs fn once with the downstream key.
@@ -56,19 +61,27 @@ func (c *ForeignCall) wasViolated() bool {
 }
 
 // Transport returns an http.RoundTripper around base (http.DefaultTransport
-// when nil) that lets exactly one request through, with an Idempotency-Key
-// header set to Key unless the request already has one. Give it to an HTTP
-// client, such as a payment SDK's, for the duration of the phase; client-side
+// when nil) that lets exactly one request through, with its Idempotency-Key
+// header set to Key. A key the request already carries is replaced: SDKs
+// such as stripe-go put a random key on every request unless told otherwise,
+// and a random key on a retry is a second charge. Give it to an HTTP client,
+// such as a payment SDK's, for the duration of the phase; client-side
 // retries must be off, since each would count as another call.
+//
+// Redirects are part of the one call: when the client follows a redirect
+// of the request that went through, the follow-up request passes too,
+// carrying Key as well.
 func (c *ForeignCall) Transport(base http.RoundTripper) http.RoundTripper {
 	if base == nil {
 		base = http.DefaultTransport
 	}
 	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
-		if err := c.claim(); err != nil {
-			return nil, err
+		if req.Response == nil { // a redirect's follow-up has the response that caused it
+			if err := c.claim(); err != nil {
+				return nil, err
+			}
 		}
-		if req.Header.Get("Idempotency-Key") == "" {
+		if req.Header.Get("Idempotency-Key") != c.key {
 			req = req.Clone(req.Context())
 			req.Header.Set("Idempotency-Key", c.key)
 		}
@@ -80,10 +93,17 @@ type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
-// DownstreamKey derives the idempotency key a foreign phase sends to the
-// downstream for (workflow, scope, key, phase). Each part is length-prefixed
-// before hashing, so no two distinct tuples collide by concatenation.
-func DownstreamKey(workflow, scope, key, phase string) string {
-	sum := hashParts("atomicphase-downstream-v1", workflow, scope, key, phase)
+// downstreamKey derives the idempotency key a foreign phase sends to the
+// downstream for (salt, workflow, scope, key, phase). Each part is
+// length-prefixed before hashing, so no two distinct tuples collide by
+// concatenation. Rows recorded before the salt existed have none and keep
+// the keys they were already sending.
+func downstreamKey(salt, workflow, scope, key, phase string) string {
+	var sum [32]byte
+	if salt == "" {
+		sum = hashParts("atomicphase-downstream-v1", workflow, scope, key, phase)
+	} else {
+		sum = hashParts("atomicphase-downstream-v2", salt, workflow, scope, key, phase)
+	}
 	return "ap_" + hex.EncodeToString(sum[:20])
 }

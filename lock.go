@@ -3,7 +3,11 @@ package atomicphase
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"math"
+	"math/rand/v2"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,10 +16,12 @@ import (
 
 // The key's lock. A key is held while its locked_at is set and younger than
 // the lock timeout; an unfinished key that is unlocked, or whose lock is
-// older (stale), may be taken by the next attempt. Every acquisition renews
-// the key's lock token, and every phase commit checks it (fencing), so an
-// attempt that was slow rather than dead cannot commit once another took
-// the key. The stale-lock rule itself is written once, in SQL:
+// older (stale), may be taken by the next attempt. Every acquisition stores
+// a lock token of its own, drawn at random by the attempt before it asks, and
+// every phase commit checks it (fencing), so an attempt that was slow rather
+// than dead cannot commit once another took the key. Knowing the token
+// before the answer also lets an attempt whose acquisition answer was lost
+// unlock the key by it. The stale-lock rule itself is written once, in SQL:
 // atomicphase_stale_before turns the lock timeout into a cut-off and
 // atomicphase_lock_takeable applies it (migration 002).
 
@@ -30,6 +36,7 @@ type keyRow struct {
 	State          []byte
 	LockToken      int64
 	LockExpiresIn  *float64 // seconds until a live lock goes stale
+	DownstreamSalt *string  // salts the row's downstream keys; nil on rows older than migration 003
 	ResponseStatus *int
 	ResponseHeader http.Header
 	ResponseBody   []byte
@@ -37,23 +44,37 @@ type keyRow struct {
 
 // acquireSQL records or takes the key, or reports why not, in one statement
 // and one round trip (see atomicphase_acquire in schema.sql). A replay reads
-// the row by primary key and writes nothing.
-const acquireSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_acquire($1, $2, $3, $4, $5, $6, $7, $8)`
+// the row by primary key and writes nothing. The casts name every
+// parameter's type, so the call resolves the same in every pgx query exec
+// mode (behind PgBouncer, say), where parameter types are not described by
+// the server.
+const acquireSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_acquire(
+	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, $9::bigint)`
 
 // takeSQL takes an unfinished key that is unlocked or stale, without a
-// request at hand, renewing its lock token.
+// request at hand, under the caller's lock token.
 const takeSQL = `
 UPDATE /* TEMPLATE: schema */idempotency_keys AS k
-SET locked_at = now(), lock_token = k.lock_token + 1, updated_at = now()
+SET locked_at = now(), lock_token = $4, updated_at = now(), parked_at = NULL
 WHERE k.scope = $1 AND k.idempotency_key = $2 AND k.response_status IS NULL
   AND /* TEMPLATE: schema */atomicphase_lock_takeable(k.locked_at, /* TEMPLATE: schema */atomicphase_stale_before($3))
-RETURNING k.workflow, k.recovery_point, k.next_phase, k.state, k.lock_token`
+RETURNING k.workflow, k.recovery_point, k.next_phase, k.state, k.lock_token, k.downstream_salt`
 
 // unlockSQL releases a lock this attempt holds, leaving the recovery point
 // where the last committed phase put it.
 const unlockSQL = `
 UPDATE /* TEMPLATE: schema */idempotency_keys SET locked_at = NULL, updated_at = now()
 WHERE scope = $1 AND idempotency_key = $2 AND lock_token = $3 AND response_status IS NULL`
+
+// parkSQL unlocks a key that failed permanently and marks it parked, with
+// the error, for an operator; like a checkpoint it is fenced by the token.
+const parkSQL = `
+UPDATE /* TEMPLATE: schema */idempotency_keys
+SET locked_at = NULL, parked_at = now(), last_error = $4, updated_at = now()
+WHERE scope = $1 AND idempotency_key = $2 AND lock_token = $3 AND response_status IS NULL`
+
+// maxLastError bounds the error text stored on a parked key.
+const maxLastError = 2000
 
 // lockLostCode is the SQLSTATE atomicphase_checkpoint raises when the lock
 // token moved on: the fencing check failed.
@@ -66,24 +87,52 @@ const cleanupTimeout = 5 * time.Second
 // acquire runs acquireSQL. It is the hot path of every request, so it scans
 // positionally: struct scanning by reflection cost a fifth of a replay's
 // client CPU in BenchmarkReplay.
-func (r *Runner) acquire(ctx context.Context, req *Request, workflow string, fp Fingerprint, state []byte) (*keyRow, error) {
+//
+// When the answer is lost (the connection broke, or ctx ended, after the
+// statement was sent), the key may have been recorded and locked under
+// token with nobody to run it. acquire then unlocks it by token, best effort,
+// so the retry the caller is told to make resumes at once instead of after
+// the lock timeout; the error it returns is the acquisition's.
+func (r *Runner) acquire(ctx context.Context, req *Request, workflow string, fp Fingerprint, state []byte, token int64) (*keyRow, error) {
 	var row keyRow
 	err := r.pool.QueryRow(ctx, r.sql.acquire,
-		req.Scope, req.Key, workflow, fp[:], req.Method, req.Path, state, r.cfg.LockTimeout.Microseconds(),
+		req.Scope, req.Key, workflow, fp[:], req.Method, req.Path, state, r.cfg.LockTimeout.Microseconds(), token,
 	).Scan(&row.Acquired, &row.Workflow, &row.Fingerprint, &row.RecoveryPoint, &row.JumpTarget,
-		&row.State, &row.LockToken, &row.LockExpiresIn, &row.ResponseStatus, &row.ResponseHeader, &row.ResponseBody)
+		&row.State, &row.LockToken, &row.LockExpiresIn, &row.DownstreamSalt,
+		&row.ResponseStatus, &row.ResponseHeader, &row.ResponseBody)
 	if err != nil {
+		if answerMayBeLost(err) {
+			if uerr := r.unlock(ctx, req.Scope, req.Key, token); uerr != nil {
+				r.log(ctx, slog.LevelWarn, "atomicphase: unlock after a lost acquisition answer failed; the key is takeable after the lock timeout",
+					"workflow", workflow, "error", uerr)
+			}
+		}
 		return nil, err
 	}
 	return &row, nil
 }
 
+// answerMayBeLost reports an error after which a statement may have
+// committed unseen: anything but an error the server answered with while
+// the connection stayed up (which means the statement failed, and nothing
+// committed).
+func answerMayBeLost(err error) bool {
+	var pgErr *pgconn.PgError
+	return !errors.As(err, &pgErr) || connectionLost(pgErr)
+}
+
+// newLockToken draws the lock token of one acquisition: random, positive
+// and never 0, which atomicphase_acquire reports for a contended key.
+func newLockToken() int64 {
+	return rand.Int64N(math.MaxInt64-1) + 1
+}
+
 // take takes an unfinished key that nobody holds, for Resume. It returns nil
 // when the key is finished, held by a live attempt, or absent.
-func (r *Runner) take(ctx context.Context, scope, key string) (*keyRow, error) {
+func (r *Runner) take(ctx context.Context, scope, key string, token int64) (*keyRow, error) {
 	row := keyRow{Acquired: true}
-	err := r.pool.QueryRow(ctx, r.sql.take, scope, key, r.cfg.LockTimeout.Microseconds()).
-		Scan(&row.Workflow, &row.RecoveryPoint, &row.JumpTarget, &row.State, &row.LockToken)
+	err := r.pool.QueryRow(ctx, r.sql.take, scope, key, r.cfg.LockTimeout.Microseconds(), token).
+		Scan(&row.Workflow, &row.RecoveryPoint, &row.JumpTarget, &row.State, &row.LockToken, &row.DownstreamSalt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -101,6 +150,19 @@ func (r *Runner) unlock(ctx context.Context, scope, key string, token int64) err
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	_, err := r.pool.Exec(ctx, r.sql.unlock, scope, key, token)
+	return err
+}
+
+// park unlocks a key that failed permanently and marks it parked with why.
+// Like unlock it runs even when ctx has ended.
+func (r *Runner) park(ctx context.Context, scope, key string, token int64, why error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	msg := strings.ToValidUTF8(strings.ReplaceAll(why.Error(), "\x00", ""), "?")
+	if len(msg) > maxLastError {
+		msg = strings.ToValidUTF8(msg[:maxLastError], "") + "…"
+	}
+	_, err := r.pool.Exec(ctx, r.sql.park, scope, key, token, msg)
 	return err
 }
 

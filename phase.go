@@ -26,11 +26,12 @@ type CallFunc[S any] func(ctx context.Context, call *ForeignCall, state *S) erro
 // Phase is one step of a Workflow: one database transaction holding at most
 // one foreign side effect. Build phases with Local and Foreign.
 type Phase[S any] struct {
-	name      string
-	local     LocalFunc[S]
-	call      CallFunc[S]
-	isolation pgx.TxIsoLevel
-	jumps     []string
+	name        string
+	local       LocalFunc[S]
+	call        CallFunc[S]
+	isolation   pgx.TxIsoLevel
+	jumps       []string
+	formerNames []string
 }
 
 // Local declares a phase that only touches the database.
@@ -59,6 +60,16 @@ func (p Phase[S]) WithIsolation(level pgx.TxIsoLevel) Phase[S] {
 // targets must exist and come later than p, so a workflow always ends.
 func (p Phase[S]) WithJumps(targets ...string) Phase[S] {
 	p.jumps = append(append([]string(nil), p.jumps...), targets...)
+	return p
+}
+
+// WithFormerNames returns a copy of p that also answers to names it had in
+// earlier deployments. A key's recovery point is a phase name; renaming or
+// replacing a phase would otherwise strand every key stopped at the old
+// name (a stored recovery point the workflow does not have is a permanent
+// failure). Keys stopped at a former name resume after p.
+func (p Phase[S]) WithFormerNames(names ...string) Phase[S] {
+	p.formerNames = append(append([]string(nil), p.formerNames...), names...)
 	return p
 }
 

@@ -132,7 +132,17 @@ func (t *phaseTx) Commit(context.Context) error { return ErrPhaseTxControl }
 // Rollback refuses: return an error from the phase to roll it back.
 func (t *phaseTx) Rollback(context.Context) error { return ErrPhaseTxControl }
 
-func (t *phaseTx) Conn() *pgx.Conn { return t.conn }
+// Conn begins the transaction first, so that whatever is sent through the
+// returned connection runs inside it: before, a statement sent there ran in
+// autocommit and outlived a phase that rolled back. pgx gives Conn no way to
+// carry an error, so if BEGIN fails (the connection broke) the phase's
+// commit reports the error.
+func (t *phaseTx) Conn() *pgx.Conn {
+	if err := t.beginNow(context.Background()); err != nil {
+		t.err = err
+	}
+	return t.conn
+}
 
 // rollback ends an open transaction after a failed phase.
 func (t *phaseTx) rollback(ctx context.Context) error {

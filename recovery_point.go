@@ -2,8 +2,8 @@ package atomicphase
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
-	"net/http"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -52,7 +52,8 @@ type checkpoint struct {
 
 // checkpointSQL advances the recovery point if, and only if, the lock token
 // still matches (see atomicphase_checkpoint in schema.sql).
-const checkpointSQL = `SELECT /* TEMPLATE: schema */atomicphase_checkpoint($1, $2, $3, $4, $5, $6, $7, $8, $9)`
+const checkpointSQL = `SELECT /* TEMPLATE: schema */atomicphase_checkpoint(
+	$1::text, $2::text, $3::bigint, $4::text, $5::text, $6::bytea, $7::integer, $8::jsonb, $9::bytea)`
 
 // commit stores cp with everything the phase wrote through tx, atomically:
 // in one round trip when tx has begun (the checkpoint and COMMIT travel as one
@@ -61,8 +62,10 @@ const checkpointSQL = `SELECT /* TEMPLATE: schema */atomicphase_checkpoint($1, $
 // a single statement when the phase wrote nothing. A lost lock is reported
 // as ErrLockLost.
 func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *checkpoint) error {
-	args := a.checkpointArgs(cp)
-	var err error
+	args, err := a.checkpointArgs(cp)
+	if err != nil {
+		return err
+	}
 	if tx.begun() {
 		b := &pgx.Batch{}
 		b.Queue(a.r.sql.checkpoint, args...)
@@ -78,16 +81,23 @@ func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *c
 }
 
 // checkpointArgs are atomicphase_checkpoint's arguments for cp.
-func (a *attempt) checkpointArgs(cp *checkpoint) []any {
+func (a *attempt) checkpointArgs(cp *checkpoint) ([]any, error) {
 	var jumpTarget *string
 	if cp.jumpTarget != "" {
 		jumpTarget = &cp.jumpTarget
 	}
 	args := []any{a.scope, a.key, a.token, cp.point, jumpTarget, cp.state, nil, nil, nil}
 	if resp := cp.resp; resp != nil {
-		var header http.Header
+		// The header travels as JSON text, which a jsonb parameter takes in
+		// every pgx query exec mode, the simple protocol included.
+		var header *string
 		if len(resp.Header) > 0 {
-			header = resp.Header
+			b, err := json.Marshal(resp.Header)
+			if err != nil {
+				return nil, Permanent(fmt.Errorf("encode response header: %w", err))
+			}
+			h := string(b)
+			header = &h
 		}
 		body := resp.Body
 		if body == nil {
@@ -95,5 +105,5 @@ func (a *attempt) checkpointArgs(cp *checkpoint) []any {
 		}
 		args[6], args[7], args[8] = resp.Status, header, body
 	}
-	return args
+	return args, nil
 }

@@ -11,8 +11,10 @@ const maxScopeLength = 255
 
 // Request is one attempt at an idempotent request.
 type Request struct {
-	// Scope is who the server authenticated (a user or tenant id). Keys
-	// are unique per scope: the same key under two scopes is two requests.
+	// Scope is who the server authenticated (a user or tenant id): 1 to
+	// 255 bytes of UTF-8 text. Keys are unique per scope: the same key under
+	// two scopes is two requests. An empty scope is refused, since it would
+	// let every caller without one replay every other's answers.
 	Scope string
 	// Key is the client's idempotency key: 1 to Config.MaxKeyLength
 	// printable ASCII characters.
@@ -22,8 +24,8 @@ type Request struct {
 	Method string
 	Path   string
 	// Params is the request's JSON body, fingerprinted in canonical form
-	// (member order and whitespace do not matter) and, by default, decoded
-	// into the workflow's initial state. It may be empty.
+	// (member order and whitespace do not matter) and decoded into the
+	// workflow's input type (see NewWorkflow). It may be empty.
 	Params []byte
 }
 
@@ -41,8 +43,9 @@ func (req *Request) validate(maxKeyLength int) error {
 }
 
 // validateKey is the one definition of a well-formed (scope, key): the key
-// is 1 to maxKeyLength printable ASCII bytes, the scope UTF-8 text of at
-// most 255 bytes. The HTTP adapter parses the header's syntax and leaves
+// is 1 to maxKeyLength printable ASCII bytes (else ErrInvalidKey), the scope
+// non-empty UTF-8 text of at most 255 bytes without NUL (else
+// ErrInvalidScope). The HTTP adapter parses the header's syntax and leaves
 // these rules to this function.
 func validateKey(scope, key string, maxKeyLength int) error {
 	switch {
@@ -56,8 +59,13 @@ func validateKey(scope, key string, maxKeyLength int) error {
 			return fmt.Errorf("%w: byte %d of the key (0x%02x) is not printable ASCII", ErrInvalidKey, i, c)
 		}
 	}
-	if len(scope) > maxScopeLength || !isText(scope) {
-		return fmt.Errorf("%w: the scope must be UTF-8 text of at most %d bytes without NUL", ErrInvalidKey, maxScopeLength)
+	switch {
+	case scope == "":
+		return fmt.Errorf("%w: the scope is empty; give every caller a scope of its own (a user or tenant id), or one fixed name for a service with a single caller", ErrInvalidScope)
+	case len(scope) > maxScopeLength:
+		return fmt.Errorf("%w: the scope is %d bytes long; the limit is %d", ErrInvalidScope, len(scope), maxScopeLength)
+	case !isText(scope):
+		return fmt.Errorf("%w: the scope must be UTF-8 text without NUL", ErrInvalidScope)
 	}
 	return nil
 }

@@ -111,15 +111,14 @@ func (r *Runner) Run(ctx context.Context, wf AnyWorkflow, req Request) (*Respons
 	if err := r.fault(ctx, wf.Name(), "", BeforeAcquire, nil); err != nil {
 		return nil, err
 	}
-	row, err := r.acquire(ctx, &req, wf.Name(), fp, state)
+	row, err := r.acquire(ctx, &req, wf.Name(), fp, state, newLockToken())
 	if err != nil {
 		return nil, storeError("acquire key", err)
 	}
 	if !row.Acquired {
 		return refused(row, wf.Name(), fp)
 	}
-	a := &attempt{r: r, wf: wf, scope: req.Scope, key: req.Key, token: row.LockToken}
-	return a.run(ctx, row)
+	return newAttempt(r, wf, req.Scope, req.Key, row).run(ctx, row)
 }
 
 // refused explains an acquisition that did not take the key: a key first
@@ -144,7 +143,7 @@ func (r *Runner) Resume(ctx context.Context, scope, key string) (*Response, erro
 	if err := validateKey(scope, key, r.cfg.MaxKeyLength); err != nil {
 		return nil, err
 	}
-	row, err := r.take(ctx, scope, key)
+	row, err := r.take(ctx, scope, key, newLockToken())
 	if err != nil {
 		return nil, storeError("resume key", err)
 	}
@@ -163,8 +162,7 @@ func (r *Runner) Resume(ctx context.Context, scope, key string) (*Response, erro
 		return nil, errors.Join(fmt.Errorf("%w: %q (key %q)", ErrUnknownWorkflow, row.Workflow, key),
 			r.unlock(ctx, scope, key, row.LockToken))
 	}
-	a := &attempt{r: r, wf: wf, scope: scope, key: key, token: row.LockToken}
-	return a.run(ctx, row)
+	return newAttempt(r, wf, scope, key, row).run(ctx, row)
 }
 
 func (r *Runner) log(ctx context.Context, level slog.Level, msg string, args ...any) {

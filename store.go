@@ -18,7 +18,7 @@ import (
 // and unlocking in lock.go, the checkpoint in recovery_point.go, inspection
 // and the schema check here.
 type statements struct {
-	acquire, take, unlock, checkpoint, inspect, checkSchema string
+	acquire, take, unlock, park, checkpoint, inspect, checkSchema string
 }
 
 func newStatements(schema string) statements {
@@ -26,6 +26,7 @@ func newStatements(schema string) statements {
 		acquire:     renderSQL(acquireSQL, schema),
 		take:        renderSQL(takeSQL, schema),
 		unlock:      renderSQL(unlockSQL, schema),
+		park:        renderSQL(parkSQL, schema),
 		checkpoint:  renderSQL(checkpointSQL, schema),
 		inspect:     renderSQL(inspectSQL, schema),
 		checkSchema: checkSchemaSQL,
@@ -42,10 +43,16 @@ type KeyInfo struct {
 	Locked bool
 	// LockExpiresIn is how long until a held lock goes stale, in seconds.
 	LockExpiresIn *float64
-	// LockToken counts the acquisitions of the key.
+	// LockToken is the token of the latest acquisition (drawn at random).
 	LockToken int64
-	// State is the workflow state as of the last committed phase (JSON).
+	// State is the workflow state as of the last committed phase, the JSON
+	// bytes exactly as stored. It is nil once the key is finished, unless
+	// the workflow keeps it (WorkflowOpts.KeepFinishedState).
 	State []byte
+	// ParkedAt is when the key failed permanently, nil unless it is
+	// parked; LastError says why.
+	ParkedAt  *time.Time
+	LastError *string
 	// Response is the stored response once the key is finished.
 	Response  *Response
 	CreatedAt time.Time
@@ -54,7 +61,7 @@ type KeyInfo struct {
 
 const inspectSQL = `
 SELECT scope, idempotency_key AS key, workflow, recovery_point,
-       locked_at IS NOT NULL AS locked, lock_token, state,
+       locked_at IS NOT NULL AS locked, lock_token, state, parked_at, last_error,
        extract(epoch FROM locked_at - /* TEMPLATE: schema */atomicphase_stale_before($3))::float8 AS lock_expires_in,
        response_status AS status, response_header AS header, response_body AS body,
        created_at, updated_at
@@ -88,8 +95,8 @@ func (r *Runner) Inspect(ctx context.Context, scope, key string) (*KeyInfo, erro
 // each; keep the list in step with the newest migration.
 var schemaObjects = []struct{ kind, name string }{
 	{"table", "idempotency_keys"},
-	{"function", "atomicphase_acquire(text, text, text, bytea, text, text, jsonb, bigint)"},
-	{"function", "atomicphase_checkpoint(text, text, bigint, text, text, jsonb, integer, jsonb, bytea)"},
+	{"function", "atomicphase_acquire(text, text, text, bytea, text, text, bytea, bigint, bigint)"},
+	{"function", "atomicphase_checkpoint(text, text, bigint, text, text, bytea, integer, jsonb, bytea)"},
 	{"function", "atomicphase_stale_before(bigint)"},
 	{"function", "atomicphase_lock_takeable(timestamptz, timestamptz)"},
 }
@@ -176,4 +183,15 @@ func isConflict(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) &&
 		(pgErr.Code == pgerrcode.SerializationFailure || pgErr.Code == pgerrcode.DeadlockDetected)
+}
+
+// isDataError reports a server error that the same statement with the same
+// values meets every time: a data exception (class 22, such as a NUL in
+// text or a number out of range) or a syntax or access rule violation (class
+// 42, such as a misspelt column or a missing privilege). A phase that meets
+// one fails permanently: retrying it would only loop.
+func isDataError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) &&
+		(pgerrcode.IsDataException(pgErr.Code) || pgerrcode.IsSyntaxErrororAccessRuleViolation(pgErr.Code))
 }

@@ -12,34 +12,43 @@ import (
 // maxNameLength keeps names readable in logs and indexes alike.
 const maxNameLength = 63
 
+// StartFunc builds a workflow's initial state from the request's input: in is
+// the request's JSON parameters decoded into the workflow's input type In
+// (see NewWorkflow), req the request itself (its scope, say). It runs before
+// anything is written and on every attempt, so it must be a pure function of
+// its arguments; an error rejects the request with ErrInvalidRequest and
+// stores nothing, so a corrected request may reuse the key. Validate the
+// input here.
+type StartFunc[In, S any] func(in In, req *Request) (S, error)
+
 // WorkflowOpts are optional settings of a Workflow. A nil *WorkflowOpts means
 // all defaults.
-type WorkflowOpts[S any] struct {
-	// Start builds the initial state from the request before anything is
-	// written; an error rejects the request with ErrInvalidRequest and
-	// stores nothing. It runs on every attempt, so it must be a pure
-	// function of the request. Defaults to decoding Request.Params (when
-	// present) into S with encoding/json.
-	Start func(req *Request) (S, error)
-
+type WorkflowOpts struct {
 	// Isolation is the transaction isolation level of the workflow's
 	// phases; a phase's WithIsolation overrides it. Defaults to PostgreSQL's
 	// READ COMMITTED.
 	Isolation pgx.TxIsoLevel
+
+	// KeepFinishedState keeps the state on the key row once the workflow
+	// has responded. A finished key needs only its response to replay, so by
+	// default the state (which may hold card tokens or personal data) is
+	// cleared in the same commit that stores the response. Defaults to false.
+	KeepFinishedState bool
 }
 
 // Workflow is a named, validated, ordered list of phases over a state of type
 // S. Its name is stored on every key it runs, so any process that registered
 // it can resume the key. Build one with NewWorkflow.
 type Workflow[S any] struct {
-	name   string
-	start  func(req *Request) (S, error)
-	steps  []step
-	byName map[string]int
+	name      string
+	start     func(req *Request) ([]byte, error)
+	steps     []step
+	byName    map[string]int
+	keepState bool
 }
 
 // step is the state-type-free view of a phase that the Runner executes:
-// states travel between phases as JSON, which is also how they are stored.
+// states travel between phases as JSON bytes, stored verbatim.
 type step struct {
 	name      string
 	isolation pgx.TxIsoLevel
@@ -50,35 +59,53 @@ type step struct {
 	jumps []string
 }
 
-// NewWorkflow validates phases and builds a Workflow. It reports every
-// problem it finds: an empty name or phase list, duplicate or reserved phase
-// names, a phase without a function, and jumps to phases that do not exist
-// or do not come later.
-func NewWorkflow[S any](name string, phases []Phase[S], opts *WorkflowOpts[S]) (*Workflow[S], error) {
+// NewWorkflow validates phases and builds a Workflow whose requests carry an
+// input of type In and whose phases share a state of type S.
+//
+// What the client sends and what the phases compute are kept apart: a
+// request's JSON parameters are decoded into In (strictly: member names must
+// match field names exactly, case included; other members are allowed), and
+// start builds the initial S from it. A request body therefore can never set
+// a field a phase is meant to compute. A workflow that takes no input uses
+// struct{} as In.
+//
+// NewWorkflow reports every problem it finds: an empty name or phase list, a
+// nil start, duplicate or reserved phase names (former names included), a
+// phase without a function, and jumps to phases that do not exist or do not
+// come later.
+func NewWorkflow[In, S any](name string, start StartFunc[In, S], phases []Phase[S], opts *WorkflowOpts) (*Workflow[S], error) {
 	if opts == nil {
-		opts = &WorkflowOpts[S]{}
+		opts = &WorkflowOpts{}
 	}
-	wf := &Workflow[S]{name: name, start: opts.Start, byName: make(map[string]int, len(phases))}
-	if wf.start == nil {
-		wf.start = decodeParams[S]
-	}
+	wf := &Workflow[S]{name: name, byName: make(map[string]int, len(phases)), keepState: opts.KeepFinishedState}
 
 	var errs []error
 	if err := checkName("workflow name", name); err != nil {
 		errs = append(errs, err)
 	}
+	if start == nil {
+		errs = append(errs, errors.New("the start function is nil; pass one that builds the initial state from the input"))
+	} else {
+		wf.start = startStep(start)
+	}
 	if len(phases) == 0 {
 		errs = append(errs, errors.New("a workflow needs at least one phase"))
 	}
 	for i, p := range phases {
-		if err := checkName(fmt.Sprintf("phase %d name", i), p.name); err != nil {
-			errs = append(errs, err)
-		} else if p.name == RecoveryPointStarted || p.name == RecoveryPointFinished {
-			errs = append(errs, fmt.Errorf("phase %d: %q is a reserved recovery point; choose another name", i, p.name))
-		} else if j, dup := wf.byName[p.name]; dup {
-			errs = append(errs, fmt.Errorf("phases %d and %d are both named %q; names must be unique", j, i, p.name))
-		} else {
-			wf.byName[p.name] = i
+		for j, n := range append([]string{p.name}, p.formerNames...) {
+			what := fmt.Sprintf("phase %d name", i)
+			if j > 0 {
+				what = fmt.Sprintf("phase %q former name", p.name)
+			}
+			if err := checkName(what, n); err != nil {
+				errs = append(errs, err)
+			} else if n == RecoveryPointStarted || n == RecoveryPointFinished {
+				errs = append(errs, fmt.Errorf("%s: %q is a reserved recovery point; choose another name", what, n))
+			} else if k, dup := wf.byName[n]; dup {
+				errs = append(errs, fmt.Errorf("phases %d and %d both use the name %q; names, former names included, must be unique", k, i, n))
+			} else {
+				wf.byName[n] = i
+			}
 		}
 		if p.local == nil && p.call == nil {
 			errs = append(errs, fmt.Errorf("phase %q has no function", p.name))
@@ -97,6 +124,8 @@ func NewWorkflow[S any](name string, phases []Phase[S], opts *WorkflowOpts[S]) (
 				errs = append(errs, fmt.Errorf("phase %q jumps to %q, which does not exist", p.name, target))
 			case j <= i:
 				errs = append(errs, fmt.Errorf("phase %q jumps back to %q; jumps must go forward so the workflow ends", p.name, target))
+			case target != phases[j].name:
+				errs = append(errs, fmt.Errorf("phase %q jumps to %q, a former name; jump to %q", p.name, target, phases[j].name))
 			}
 		}
 	}
@@ -109,8 +138,8 @@ func NewWorkflow[S any](name string, phases []Phase[S], opts *WorkflowOpts[S]) (
 // MustWorkflow is like NewWorkflow but panics if the workflow is invalid. It
 // is meant for package-level declarations whose validity is fixed at compile
 // time.
-func MustWorkflow[S any](name string, phases []Phase[S], opts *WorkflowOpts[S]) *Workflow[S] {
-	wf, err := NewWorkflow(name, phases, opts)
+func MustWorkflow[In, S any](name string, start StartFunc[In, S], phases []Phase[S], opts *WorkflowOpts) *Workflow[S] {
+	wf, err := NewWorkflow(name, start, phases, opts)
 	if err != nil {
 		panic(err)
 	}
@@ -129,15 +158,9 @@ func (w *Workflow[S]) Phases() []string {
 	return names
 }
 
-func (w *Workflow[S]) phaseSteps() []step { return w.steps }
-
-func (w *Workflow[S]) initialState(req *Request) ([]byte, error) {
-	s, err := w.start(req)
-	if err != nil {
-		return nil, err
-	}
-	return json.Marshal(&s)
-}
+func (w *Workflow[S]) phaseSteps() []step                        { return w.steps }
+func (w *Workflow[S]) keepsFinishedState() bool                  { return w.keepState }
+func (w *Workflow[S]) initialState(req *Request) ([]byte, error) { return w.start(req) }
 
 // AnyWorkflow is implemented by every *Workflow, whatever its state type, so
 // a Runner can hold workflows of different types. Only this package
@@ -146,7 +169,24 @@ type AnyWorkflow interface {
 	Name() string
 	phaseSteps() []step
 	initialState(req *Request) ([]byte, error)
-	resumeAt(recoveryPoint, next string) (int, error)
+	keepsFinishedState() bool
+	resumeAt(recoveryPoint, jumpTarget string) (int, error)
+}
+
+// startStep decodes a request's parameters into In, strictly, runs start and
+// encodes the state it returns.
+func startStep[In, S any](start StartFunc[In, S]) func(req *Request) ([]byte, error) {
+	return func(req *Request) ([]byte, error) {
+		var in In
+		if err := decodeInput(req.Params, &in); err != nil {
+			return nil, err
+		}
+		s, err := start(in, req)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(&s)
+	}
 }
 
 func makeStep[S any](p Phase[S], iso pgx.TxIsoLevel) step {
@@ -156,12 +196,12 @@ func makeStep[S any](p Phase[S], iso pgx.TxIsoLevel) step {
 		st.call = func(ctx context.Context, fc *ForeignCall, raw []byte) ([]byte, error) {
 			var s S
 			if err := json.Unmarshal(raw, &s); err != nil {
-				return nil, fmt.Errorf("decode state: %w", err)
+				return nil, Permanent(fmt.Errorf("decode state: %w", err))
 			}
 			if err := call(ctx, fc, &s); err != nil {
 				return nil, err
 			}
-			return json.Marshal(&s)
+			return encodeState(&s)
 		}
 	}
 	if p.local != nil {
@@ -169,26 +209,27 @@ func makeStep[S any](p Phase[S], iso pgx.TxIsoLevel) step {
 		st.local = func(ctx context.Context, tx pgx.Tx, raw []byte) ([]byte, Outcome, error) {
 			var s S
 			if err := json.Unmarshal(raw, &s); err != nil {
-				return nil, Outcome{}, fmt.Errorf("decode state: %w", err)
+				return nil, Outcome{}, Permanent(fmt.Errorf("decode state: %w", err))
 			}
 			out, err := local(ctx, tx, &s)
 			if err != nil {
 				return nil, Outcome{}, err
 			}
-			b, err := json.Marshal(&s)
+			b, err := encodeState(&s)
 			return b, out, err
 		}
 	}
 	return st
 }
 
-func decodeParams[S any](req *Request) (S, error) {
-	var s S
-	if len(req.Params) == 0 {
-		return s, nil
+// encodeState encodes a phase's state for the next phase and the store. A
+// state that does not encode fails the same way every time: permanently.
+func encodeState[S any](s *S) ([]byte, error) {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return nil, Permanent(fmt.Errorf("encode state: %w", err))
 	}
-	err := json.Unmarshal(req.Params, &s)
-	return s, err
+	return b, nil
 }
 
 func checkName(what, name string) error {

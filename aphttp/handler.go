@@ -136,7 +136,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	resp, err := h.runner.Run(r.Context(), h.wf, atomicphase.Request{
-		Scope: scope, Key: key, Method: r.Method, Path: r.URL.Path, Params: body,
+		Scope: scope, Key: key, Method: r.Method, Path: r.URL.RequestURI(), Params: body,
 	})
 	if err != nil {
 		h.writeError(w, r, err)
@@ -166,6 +166,14 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 		case errors.Is(err, atomicphase.ErrFingerprintMismatch):
 			WriteProblem(w, Problem{Type: ProblemKeyReused, Title: "Idempotency-Key reused with a different request", Status: http.StatusUnprocessableEntity,
 				Detail: "this key was first used with another method, path or body; use a new key for a new request"}, 0)
+		case errors.Is(err, atomicphase.ErrPermanent):
+			h.report(r, err)
+			WriteProblem(w, Problem{Type: ProblemPermanentFailure, Title: "Request failed permanently", Status: http.StatusInternalServerError,
+				Detail: "this request met an error that retrying cannot fix; it is parked for an operator, and a retry with the same Idempotency-Key after the fix resumes it"}, 0)
+		case errors.Is(err, atomicphase.ErrInvalidScope):
+			h.report(r, err)
+			WriteProblem(w, Problem{Type: ProblemInvalidScope, Title: "Server error", Status: http.StatusInternalServerError,
+				Detail: "the server could not tell who sent this request; nothing was done"}, 0)
 		case errors.Is(err, atomicphase.ErrInvalidKey):
 			WriteProblem(w, Problem{Type: ProblemInvalidKey, Title: "Malformed Idempotency-Key header", Status: http.StatusBadRequest, Detail: err.Error()}, 0)
 		default: // atomicphase.ErrInvalidRequest, and any final answer added later
@@ -188,7 +196,7 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 	case errors.Is(err, atomicphase.ErrStoreUnavailable):
 		h.report(r, err)
 		WriteProblem(w, Problem{Type: ProblemStoreUnavailable, Title: "Service unavailable", Status: http.StatusServiceUnavailable,
-			Detail: "nothing was done; retry with the same Idempotency-Key"}, 1)
+			Detail: "no step of the request ran; retry with the same Idempotency-Key"}, 1)
 	default:
 		h.report(r, err)
 		WriteProblem(w, Problem{Type: ProblemTransientFailure, Title: "Temporary failure", Status: http.StatusServiceUnavailable,

@@ -20,6 +20,8 @@ const (
 	ProblemBodyTooLarge     = ProblemTypeBase + "body-too-large"    // 413
 	ProblemKeyReused        = ProblemTypeBase + "key-reused"        // 422
 	ProblemInvalidRequest   = ProblemTypeBase + "invalid-request"   // 422
+	ProblemPermanentFailure = ProblemTypeBase + "permanent-failure" // 500
+	ProblemInvalidScope     = ProblemTypeBase + "invalid-scope"     // 500
 	ProblemTransientFailure = ProblemTypeBase + "transient-failure" // 503
 	ProblemStoreUnavailable = ProblemTypeBase + "store-unavailable" // 503
 )

@@ -1,0 +1,143 @@
+package atomicphase
+
+import (
+	"bytes"
+	"encoding"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+)
+
+// decodeInput decodes a request's JSON parameters into in, a pointer to the
+// workflow's input type. Empty parameters leave in at its zero value. The
+// decoding is strict where encoding/json is lenient: a member whose name
+// matches a field's only when case is ignored is an error, since the
+// fingerprint tells "quantity" and "Quantity" apart and the decoded input
+// must not. Members that match no field are allowed (they are part of the
+// fingerprint all the same).
+func decodeInput(params []byte, in any) error {
+	if len(bytes.TrimSpace(params)) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(params, in); err != nil {
+		return err
+	}
+	var doc any
+	dec := json.NewDecoder(bytes.NewReader(params))
+	dec.UseNumber()
+	if err := dec.Decode(&doc); err != nil {
+		return err
+	}
+	return checkExactNames(doc, reflect.TypeOf(in).Elem(), "")
+}
+
+var (
+	textUnmarshaler = reflect.TypeFor[encoding.TextUnmarshaler]()
+	jsonUnmarshaler = reflect.TypeFor[json.Unmarshaler]()
+)
+
+// checkExactNames walks a decoded document beside the Go type it was decoded
+// into and reports the first member that reached a struct field by a
+// case-insensitive match.
+func checkExactNames(doc any, t reflect.Type, path string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if reflect.PointerTo(t).Implements(jsonUnmarshaler) || reflect.PointerTo(t).Implements(textUnmarshaler) {
+		return nil // the type decodes itself
+	}
+	switch v := doc.(type) {
+	case map[string]any:
+		switch t.Kind() {
+		case reflect.Struct:
+			fields := fieldsOf(t)
+			for name, member := range v {
+				f, ok := fields.exact[name]
+				if !ok {
+					if want, folded := fields.folded[strings.ToLower(name)]; folded {
+						return fmt.Errorf("member %q%s does not match field %q: member names are case-sensitive", name, at(path), want)
+					}
+					continue
+				}
+				if err := checkExactNames(member, f, path+"."+name); err != nil {
+					return err
+				}
+			}
+		case reflect.Map:
+			for name, member := range v {
+				if err := checkExactNames(member, t.Elem(), path+"."+name); err != nil {
+					return err
+				}
+			}
+		}
+	case []any:
+		if t.Kind() == reflect.Slice || t.Kind() == reflect.Array {
+			for i, elem := range v {
+				if err := checkExactNames(elem, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func at(path string) string {
+	if path == "" {
+		return ""
+	}
+	return " at " + strings.TrimPrefix(path, ".")
+}
+
+// structFields are the JSON names of a struct's fields, as encoding/json
+// matches them: exactly, and folded to lower case for the lenient match.
+type structFields struct {
+	exact  map[string]reflect.Type
+	folded map[string]string
+}
+
+var fieldCache sync.Map // reflect.Type → *structFields
+
+func fieldsOf(t reflect.Type) *structFields {
+	if f, ok := fieldCache.Load(t); ok {
+		return f.(*structFields)
+	}
+	f := &structFields{exact: map[string]reflect.Type{}, folded: map[string]string{}}
+	collectFields(t, f, 0)
+	fieldCache.Store(t, f)
+	return f
+}
+
+func collectFields(t reflect.Type, f *structFields, depth int) {
+	for i := 0; i < t.NumField(); i++ {
+		sf := t.Field(i)
+		tag := sf.Tag.Get("json")
+		if tag == "-" {
+			continue
+		}
+		name, _, _ := strings.Cut(tag, ",")
+		ft := sf.Type
+		if sf.Anonymous && name == "" {
+			et := ft
+			if et.Kind() == reflect.Pointer {
+				et = et.Elem()
+			}
+			if et.Kind() == reflect.Struct && depth < 8 {
+				collectFields(et, f, depth+1) // promoted fields
+				continue
+			}
+		}
+		if !sf.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = sf.Name
+		}
+		if _, dup := f.exact[name]; !dup {
+			f.exact[name] = ft
+			f.folded[strings.ToLower(name)] = name
+		}
+	}
+}
