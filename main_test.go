@@ -32,15 +32,33 @@ var testDBOpts = &atomicphasetest.Options{
 	},
 }
 
+// unmigratedDBOpts hands out databases with the effects table but without
+// the atomicphase schema, for tests of Migrate, MigrateOpts.Schema and
+// CheckSchema.
+var unmigratedDBOpts = &atomicphasetest.Options{
+	SetupID:        testDBOpts.SetupID,
+	Setup:          testDBOpts.Setup,
+	SkipMigrations: true,
+}
+
 type testBundle struct {
 	db     *atomicphasetest.DB
 	runner *atomicphase.Runner
 	ctx    context.Context
 }
 
+// setup gives the test a migrated database of its own and a Runner on it.
 func setup(t *testing.T, cfg *atomicphase.Config) *testBundle {
 	t.Helper()
-	db := atomicphasetest.NewDB(t, testDBOpts)
+	return setupDB(t, testDBOpts, cfg)
+}
+
+// setupDB is setup with a database made from dbOpts (unmigratedDBOpts, say).
+// NewRunner does not touch the database, so the Runner exists even when the
+// schema does not.
+func setupDB(t *testing.T, dbOpts *atomicphasetest.Options, cfg *atomicphase.Config) *testBundle {
+	t.Helper()
+	db := atomicphasetest.NewDB(t, dbOpts)
 	runner, err := atomicphase.NewRunner(db.Pool, cfg)
 	require.NoError(t, err)
 	return &testBundle{db: db, runner: runner, ctx: context.Background()}
@@ -117,4 +135,14 @@ func orderWorkflow(t testing.TB, c *counters, h hooks) *atomicphase.Workflow[ord
 func orderRequest(scope, key string) atomicphase.Request {
 	return atomicphase.Request{Scope: scope, Key: key, Method: "POST", Path: "/orders",
 		Params: []byte(`{"item": "rocket", "quantity": 1}`)}
+}
+
+// noop is a local phase that continues.
+func noop(context.Context, pgx.Tx, *struct{}) (atomicphase.Outcome, error) {
+	return atomicphase.Continue(), nil
+}
+
+// respondOK is a one-phase workflow's phase: it responds 200 "ok".
+func respondOK(context.Context, pgx.Tx, *struct{}) (atomicphase.Outcome, error) {
+	return atomicphase.Respond(200, []byte("ok")), nil
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/atomicphase/atomicphase"
@@ -66,10 +67,172 @@ func TestMigrationsGoDownAndUpAgain(t *testing.T) {
 		_, err := db.Pool.Exec(ctx, migrations[i].Down)
 		require.NoError(t, err)
 	}
+	require.Empty(t, schemaObjects(t, db.Pool, "public"), "the down migrations remove everything but the ledger")
 	_, err := db.Pool.Exec(ctx, "DELETE FROM atomicphase_migration")
 	require.NoError(t, err)
-	_, err = atomicphase.Migrate(ctx, db.Pool, nil)
+	applied, err := atomicphase.Migrate(ctx, db.Pool, nil)
 	require.NoError(t, err)
+	require.Equal(t, migrationVersions(), applied)
+	require.Equal(t, allObjects, schemaObjects(t, db.Pool, "public"))
+	runner, err := atomicphase.NewRunner(db.Pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, runner.CheckSchema(ctx))
+}
+
+// allObjects is what the migrations create, as schemaObjects lists it.
+var allObjects = []string{
+	"function atomicphase_acquire", "function atomicphase_checkpoint",
+	"function atomicphase_lock_takeable", "function atomicphase_stale_before",
+	"table idempotency_keys",
+}
+
+// schemaObjects lists the atomicphase tables and functions in schema, from
+// pg_catalog, leaving out the migration ledger and the tests' own tables.
+func schemaObjects(t *testing.T, pool *pgxpool.Pool, schema string) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `
+		SELECT 'table ' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relkind = 'r'
+		  AND (c.relname = 'idempotency_keys' OR c.relname LIKE 'atomicphase\_%') AND c.relname <> 'atomicphase_migration'
+		UNION ALL
+		SELECT 'function ' || p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+		WHERE n.nspname = $1 AND p.proname LIKE 'atomicphase\_%'
+		ORDER BY 1`, schema)
+	require.NoError(t, err)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return names
+}
+
+func migrationVersions() []int {
+	var vs []int
+	for _, m := range atomicphase.Migrations(nil) {
+		vs = append(vs, m.Version)
+	}
+	return vs
+}
+
+// TestMigration002GoesDownAndUpAgain takes the stale-lock rule out and puts it
+// back under a database with keys in it: without it, acquisition works as
+// migration 001 wrote it; with it back, everything does.
+func TestMigration002GoesDownAndUpAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	migrations := atomicphase.Migrations(nil)
+	require.GreaterOrEqual(t, len(migrations), 2)
+	m002 := migrations[1]
+	require.Equal(t, 2, m002.Version)
+	require.Equal(t, "stale_lock_rule", m002.Name)
+	wf := atomicphase.MustWorkflow("one", []atomicphase.Phase[struct{}]{atomicphase.Local("only", respondOK)}, nil)
+	req := func(key string) atomicphase.Request {
+		return atomicphase.Request{Scope: "u", Key: key, Method: "POST", Path: "/"}
+	}
+	_, err := b.runner.Run(b.ctx, wf, req("before"))
+	require.NoError(t, err)
+
+	_, err = b.db.Pool.Exec(b.ctx, m002.Down)
+	require.NoError(t, err)
+	require.NotContains(t, schemaObjects(t, b.db.Pool, "public"), "function atomicphase_stale_before")
+	require.NotContains(t, schemaObjects(t, b.db.Pool, "public"), "function atomicphase_lock_takeable")
+	err = b.runner.CheckSchema(b.ctx)
+	require.ErrorIs(t, err, atomicphase.ErrSchemaMissing)
+	require.ErrorContains(t, err, "atomicphase_stale_before")
+	require.NotContains(t, err.Error(), "atomicphase_acquire", "001's acquire is back in place")
+	resp, err := b.runner.Run(b.ctx, wf, req("during"))
+	require.NoError(t, err, "001's acquire does not call the functions 002 down dropped")
+	require.Equal(t, 200, resp.Status)
+	resp, err = b.runner.Run(b.ctx, wf, req("before"))
+	require.NoError(t, err)
+	require.True(t, resp.Replayed, "keys survive")
+
+	_, err = b.db.Pool.Exec(b.ctx, "DELETE FROM atomicphase_migration WHERE version = 2")
+	require.NoError(t, err)
+	applied, err := atomicphase.Migrate(b.ctx, b.db.Pool, nil)
+	require.NoError(t, err)
+	require.Equal(t, []int{2}, applied)
+	require.NoError(t, b.runner.CheckSchema(b.ctx))
+	require.Equal(t, allObjects, schemaObjects(t, b.db.Pool, "public"))
+	for _, key := range []string{"before", "during"} {
+		resp, err := b.runner.Resume(b.ctx, "u", key)
+		require.NoError(t, err)
+		require.True(t, resp.Replayed)
+		info, err := b.runner.Inspect(b.ctx, "u", key)
+		require.NoError(t, err)
+		require.Equal(t, atomicphase.RecoveryPointFinished, info.RecoveryPoint)
+	}
+	resp, err = b.runner.Run(b.ctx, wf, req("after"))
+	require.NoError(t, err)
+	require.False(t, resp.Replayed)
+}
+
+func TestMigrationsRenderSchema(t *testing.T) {
+	t.Parallel()
+	for _, opts := range []*atomicphase.MigrateOpts{nil, {}, {Schema: "x"}} {
+		for _, m := range atomicphase.Migrations(opts) {
+			for _, sql := range []string{m.Up, m.Down} {
+				require.NotEmpty(t, sql)
+				require.NotContains(t, sql, "/* TEMPLATE", "migration %03d for %+v", m.Version, opts)
+				if opts != nil && opts.Schema == "x" {
+					require.Contains(t, sql, `"x".`, "migration %03d names the schema", m.Version)
+				} else {
+					require.NotContains(t, sql, `"x".`)
+				}
+			}
+		}
+	}
+	up := atomicphase.Migrations(&atomicphase.MigrateOpts{Schema: "x"})[0].Up
+	for _, name := range []string{`"x".idempotency_keys`, `"x".atomicphase_acquire`, `"x".atomicphase_checkpoint`} {
+		require.Contains(t, up, name)
+	}
+	require.NotRegexp(t, `(?m)(CREATE TABLE|CREATE FUNCTION|FROM|INTO|UPDATE) +idempotency_keys`, up, "no name is left unqualified")
+}
+
+// TestMigrateIntoSchema checks in pg_catalog that MigrateOpts.Schema puts
+// every object, the ledger included, in that schema and nothing on the
+// search_path, and that the down migrations rendered for it take them out.
+func TestMigrateIntoSchema(t *testing.T) {
+	t.Parallel()
+	db := atomicphasetest.NewDB(t, &atomicphasetest.Options{SkipMigrations: true})
+	ctx := t.Context()
+	opts := &atomicphase.MigrateOpts{Schema: "billing"}
+	applied, err := atomicphase.Migrate(ctx, db.Pool, opts)
+	require.NoError(t, err)
+	require.Equal(t, migrationVersions(), applied)
+
+	require.Equal(t, allObjects, schemaObjects(t, db.Pool, "billing"))
+	require.Empty(t, schemaObjects(t, db.Pool, "public"))
+	rows, err := db.Pool.Query(ctx, "SELECT version FROM billing.atomicphase_migration ORDER BY version")
+	require.NoError(t, err)
+	ledger, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	require.NoError(t, err)
+	require.Equal(t, migrationVersions(), ledger)
+	var publicLedger *string
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT to_regclass('public.atomicphase_migration')::text").Scan(&publicLedger))
+	require.Nil(t, publicLedger, "the ledger lives in the schema too")
+
+	again, err := atomicphase.Migrate(ctx, db.Pool, opts)
+	require.NoError(t, err)
+	require.Empty(t, again)
+
+	migrations := atomicphase.Migrations(opts)
+	for i := len(migrations) - 1; i >= 0; i-- {
+		_, err := db.Pool.Exec(ctx, migrations[i].Down)
+		require.NoError(t, err)
+	}
+	require.Empty(t, schemaObjects(t, db.Pool, "billing"))
+}
+
+func TestMigrateRejectsAnOverlongSchema(t *testing.T) {
+	t.Parallel()
+	db := atomicphasetest.NewDB(t, &atomicphasetest.Options{SkipMigrations: true})
+	long := strings.Repeat("s", 64)
+	applied, err := atomicphase.Migrate(t.Context(), db.Pool, &atomicphase.MigrateOpts{Schema: long})
+	require.ErrorContains(t, err, "MigrateOpts.Schema")
+	require.ErrorContains(t, err, "longer than 63 bytes")
+	require.Empty(t, applied)
+	var n int
+	require.NoError(t, db.Pool.QueryRow(t.Context(), "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'sss%'").Scan(&n))
+	require.Zero(t, n, "nothing was created, not even a truncated schema")
 }
 
 func TestSchemaFileAppliesOnItsOwn(t *testing.T) {

@@ -1,0 +1,183 @@
+package atomicphase_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+)
+
+func TestRunPhaseErrorRollsBackItsWrites(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var c counters
+	wf := orderWorkflow(t, &c, hooks{afterCreate: func(ctx context.Context, tx pgx.Tx) error {
+		return errors.New("boom after insert")
+	}})
+	_, err := b.runner.Run(b.ctx, wf, orderRequest("u", "k"))
+	require.ErrorContains(t, err, "boom after insert")
+	require.Zero(t, b.count(t, "SELECT count(*) FROM effects"), "the phase's writes rolled back")
+	info, err := b.runner.Inspect(b.ctx, "u", "k")
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.RecoveryPointStarted, info.RecoveryPoint)
+}
+
+func TestRunPanicUnlocksAndRepanics(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var c counters
+	wf := orderWorkflow(t, &c, hooks{afterCreate: func(ctx context.Context, tx pgx.Tx) error {
+		panic("phase bug")
+	}})
+	require.PanicsWithValue(t, "phase bug", func() {
+		_, _ = b.runner.Run(b.ctx, wf, orderRequest("u", "k"))
+	})
+	info, err := b.runner.Inspect(b.ctx, "u", "k")
+	require.NoError(t, err)
+	require.False(t, info.Locked, "the key is unlocked before the panic goes on")
+	require.Equal(t, atomicphase.RecoveryPointStarted, info.RecoveryPoint)
+	require.Zero(t, b.count(t, "SELECT count(*) FROM effects"))
+}
+
+func TestRunFencingStopsSlowAttemptAfterTakeover(t *testing.T) {
+	t.Parallel()
+	const lockTimeout = 300 * time.Millisecond
+	b := setup(t, &atomicphase.Config{LockTimeout: lockTimeout})
+	var c counters
+	blockA := make(chan struct{})
+	inFinish := make(chan struct{}, 1)
+	var attemptsInFinish int32
+	var mu sync.Mutex
+	wf := orderWorkflow(t, &c, hooks{finish: func(ctx context.Context, tx pgx.Tx, s *orderState) error {
+		mu.Lock()
+		attemptsInFinish++
+		first := attemptsInFinish == 1
+		mu.Unlock()
+		if first {
+			// A writes, then stalls past the lock timeout.
+			if _, err := tx.Exec(ctx, `INSERT INTO effects (scope, key, phase, note) VALUES ('', '', 'finish-a', 'A')`); err != nil {
+				return err
+			}
+			inFinish <- struct{}{}
+			<-blockA
+		}
+		return nil
+	}})
+
+	aDone := make(chan error, 1)
+	go func() {
+		_, err := b.runner.Run(b.ctx, wf, orderRequest("u", "k"))
+		aDone <- err
+	}()
+	<-inFinish
+	time.Sleep(lockTimeout + 100*time.Millisecond)
+
+	resp, err := b.runner.Run(b.ctx, wf, orderRequest("u", "k"))
+	require.NoError(t, err, "B takes the stale key over and finishes")
+	require.Equal(t, 201, resp.Status)
+
+	close(blockA)
+	err = <-aDone
+	require.ErrorIs(t, err, atomicphase.ErrLockLost)
+	require.Zero(t, b.count(t, "SELECT count(*) FROM effects WHERE phase = 'finish-a'"), "none of A's writes remain")
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM effects WHERE phase = 'finish'"))
+
+	replay, err := b.runner.Run(b.ctx, wf, orderRequest("u", "k"))
+	require.NoError(t, err)
+	require.Equal(t, resp.Body, replay.Body)
+}
+
+func TestRunRetriesSerializationFailure(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &atomicphase.Config{RetryBackoff: time.Millisecond})
+	_, err := b.db.Pool.Exec(b.ctx, `INSERT INTO effects (scope, key, phase, note) VALUES ('', '', 'counter', '0')`)
+	require.NoError(t, err)
+
+	var attempts int
+	wf, err := atomicphase.NewWorkflow("bump", []atomicphase.Phase[struct{}]{
+		atomicphase.Local("bump", func(ctx context.Context, tx pgx.Tx, _ *struct{}) (atomicphase.Outcome, error) {
+			attempts++
+			var note string
+			if err := tx.QueryRow(ctx, `SELECT note FROM effects WHERE phase = 'counter'`).Scan(&note); err != nil {
+				return atomicphase.Outcome{}, err
+			}
+			if attempts == 1 {
+				// A concurrent writer commits after our snapshot was taken.
+				if _, err := b.db.Pool.Exec(ctx, `UPDATE effects SET note = 'x' || note WHERE phase = 'counter'`); err != nil {
+					return atomicphase.Outcome{}, err
+				}
+			}
+			_, err := tx.Exec(ctx, `UPDATE effects SET note = note || '+' WHERE phase = 'counter'`)
+			return atomicphase.Respond(200, []byte(`{}`)), err
+		}).WithIsolation(pgx.RepeatableRead),
+	}, nil)
+	require.NoError(t, err)
+
+	resp, err := b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/bump"})
+	require.NoError(t, err)
+	require.Equal(t, 200, resp.Status)
+	require.Equal(t, 2, attempts, "the serialization failure was retried once")
+	var note string
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT note FROM effects WHERE phase = 'counter'`).Scan(&note))
+	require.Equal(t, "x0+", note)
+}
+
+func TestRunRetriesDeadlock(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &atomicphase.Config{RetryBackoff: time.Millisecond})
+	_, err := b.db.Pool.Exec(b.ctx, `INSERT INTO effects (scope, key, phase) VALUES ('', '', 'r1'), ('', '', 'r2')`)
+	require.NoError(t, err)
+
+	// Two workflows lock r1 and r2 in opposite orders; a barrier makes each
+	// hold its first lock before asking for the second, so PostgreSQL must
+	// break a deadlock. The victim's phase is retried and both finish.
+	barrier := make(chan struct{}, 2)
+	var once sync.Map
+	mk := func(name, first, second string) *atomicphase.Workflow[struct{}] {
+		wf, err := atomicphase.NewWorkflow(name, []atomicphase.Phase[struct{}]{
+			atomicphase.Local("lock", func(ctx context.Context, tx pgx.Tx, _ *struct{}) (atomicphase.Outcome, error) {
+				if _, err := tx.Exec(ctx, `UPDATE effects SET note = $1 WHERE phase = $2`, name, first); err != nil {
+					return atomicphase.Outcome{}, err
+				}
+				if _, loaded := once.LoadOrStore(name, true); !loaded {
+					barrier <- struct{}{}
+					for len(barrier) < 2 {
+						time.Sleep(5 * time.Millisecond)
+					}
+				}
+				_, err := tx.Exec(ctx, `UPDATE effects SET note = $1 WHERE phase = $2`, name, second)
+				return atomicphase.Respond(200, []byte(name)), err
+			}),
+		}, nil)
+		require.NoError(t, err)
+		return wf
+	}
+	wfA, wfB := mk("a", "r1", "r2"), mk("b", "r2", "r1")
+	errs := make(chan error, 2)
+	for _, wf := range []*atomicphase.Workflow[struct{}]{wfA, wfB} {
+		go func() {
+			_, err := b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: wf.Name(), Method: "POST", Path: "/x"})
+			errs <- err
+		}()
+	}
+	require.NoError(t, <-errs)
+	require.NoError(t, <-errs)
+}
+
+func TestWorkflowEndingWithoutResponseFails(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	wf, err := atomicphase.NewWorkflow("silent", []atomicphase.Phase[struct{}]{atomicphase.Local("only", noop)}, nil)
+	require.NoError(t, err)
+	_, err = b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"})
+	require.ErrorIs(t, err, atomicphase.ErrNoResponse)
+	info, err := b.runner.Inspect(b.ctx, "u", "k")
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.RecoveryPointStarted, info.RecoveryPoint, "the phase rolled back")
+}

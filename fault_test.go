@@ -1,0 +1,48 @@
+package atomicphase_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+)
+
+// TestFaultPlacesInTheOrderARunPassesThem records the fault points a real run
+// passes and checks FaultPlaces against them. The workflow's last phase is a
+// foreign phase whose record function responds, so it passes every
+// phase-scoped place; with the run's own places before it, that is the whole
+// list, in order.
+func TestFaultPlacesInTheOrderARunPassesThem(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var passed []atomicphase.FaultPoint
+	b := setup(t, &atomicphase.Config{FaultInjector: atomicphase.FaultInjectorFunc(
+		func(_ context.Context, at atomicphase.FaultPoint, _ *pgx.Conn) error {
+			mu.Lock()
+			defer mu.Unlock()
+			passed = append(passed, at)
+			return nil
+		})})
+	wf := atomicphase.MustWorkflow("pay", []atomicphase.Phase[struct{}]{
+		atomicphase.Local("prepare", noop),
+		atomicphase.Foreign("charge", func(ctx context.Context, call *atomicphase.ForeignCall, _ *struct{}) error {
+			return call.Do(ctx, func(context.Context, string) error { return nil })
+		}, respondOK),
+	}, nil)
+	_, err := b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/pay"})
+	require.NoError(t, err)
+
+	byPhase := map[string][]atomicphase.FaultPlace{}
+	for _, p := range passed {
+		require.Equal(t, "pay", p.Workflow)
+		byPhase[p.Phase] = append(byPhase[p.Phase], p.Place)
+	}
+	require.Equal(t, []atomicphase.FaultPlace{atomicphase.BeforePhase, atomicphase.BeforeCommit, atomicphase.AfterCommit},
+		byPhase["prepare"], "a local phase that continues")
+	require.Equal(t, atomicphase.FaultPlaces(), append(byPhase[""], byPhase["charge"]...),
+		"the run's places, then a responding foreign phase's, are every place in FaultPlaces order")
+}

@@ -1,0 +1,59 @@
+package atomicphase_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+)
+
+func TestNewWorkflowValidates(t *testing.T) {
+	t.Parallel()
+	type S = struct{}
+	cases := []struct {
+		name   string
+		wfName string
+		phases []atomicphase.Phase[S]
+		want   []string
+	}{
+		{"empty list", "w", nil, []string{"at least one phase"}},
+		{"empty workflow name", "", []atomicphase.Phase[S]{atomicphase.Local("a", noop)}, []string{"workflow name is empty"}},
+		{"duplicate", "w", []atomicphase.Phase[S]{atomicphase.Local("a", noop), atomicphase.Local("a", noop)}, []string{`both named "a"`}},
+		{"reserved started", "w", []atomicphase.Phase[S]{atomicphase.Local("started", noop)}, []string{`"started" is a reserved`}},
+		{"reserved finished", "w", []atomicphase.Phase[S]{atomicphase.Local("finished", noop)}, []string{`"finished" is a reserved`}},
+		{"no function", "w", []atomicphase.Phase[S]{atomicphase.Local[S]("a", nil)}, []string{`"a" has no function`}},
+		{"missing jump target", "w", []atomicphase.Phase[S]{atomicphase.Local("a", noop).WithJumps("nowhere")}, []string{`jumps to "nowhere", which does not exist`}},
+		{"backward jump", "w", []atomicphase.Phase[S]{atomicphase.Local("a", noop), atomicphase.Local("b", noop).WithJumps("a")}, []string{`jumps back to "a"`}},
+		{"space in name", "w", []atomicphase.Phase[S]{atomicphase.Local("a b", noop)}, []string{"printable ASCII without spaces"}},
+		{"all at once", "", []atomicphase.Phase[S]{atomicphase.Local("started", noop), atomicphase.Local("x", noop).WithJumps("y")},
+			[]string{"workflow name is empty", `"started" is a reserved`, `jumps to "y"`}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := atomicphase.NewWorkflow(c.wfName, c.phases, nil)
+			require.Error(t, err)
+			for _, w := range c.want {
+				require.ErrorContains(t, err, w)
+			}
+		})
+	}
+	require.Panics(t, func() { atomicphase.MustWorkflow[S]("w", nil, nil) })
+}
+
+func TestJumpToUndeclaredTargetFailsThePhase(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	wf, err := atomicphase.NewWorkflow("bad-jump", []atomicphase.Phase[struct{}]{
+		atomicphase.Local("a", func(context.Context, pgx.Tx, *struct{}) (atomicphase.Outcome, error) {
+			return atomicphase.JumpTo("c"), nil
+		}),
+		atomicphase.Local("b", noop),
+		atomicphase.Local("c", noop),
+	}, nil)
+	require.NoError(t, err)
+	_, err = b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"})
+	require.ErrorContains(t, err, "does not declare with WithJumps")
+}
