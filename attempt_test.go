@@ -100,7 +100,7 @@ func TestRunRetriesSerializationFailure(t *testing.T) {
 	require.NoError(t, err)
 
 	var attempts int
-	wf, err := atomicphase.NewWorkflow("bump", []atomicphase.Phase[struct{}]{
+	wf, err := atomicphase.NewWorkflow("bump", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
 		atomicphase.Local("bump", func(ctx context.Context, tx pgx.Tx, _ *struct{}) (atomicphase.Outcome, error) {
 			attempts++
 			var note string
@@ -140,7 +140,7 @@ func TestRunRetriesDeadlock(t *testing.T) {
 	barrier := make(chan struct{}, 2)
 	var once sync.Map
 	mk := func(name, first, second string) *atomicphase.Workflow[struct{}] {
-		wf, err := atomicphase.NewWorkflow(name, []atomicphase.Phase[struct{}]{
+		wf, err := atomicphase.NewWorkflow(name, startEmpty[struct{}], []atomicphase.Phase[struct{}]{
 			atomicphase.Local("lock", func(ctx context.Context, tx pgx.Tx, _ *struct{}) (atomicphase.Outcome, error) {
 				if _, err := tx.Exec(ctx, `UPDATE effects SET note = $1 WHERE phase = $2`, name, first); err != nil {
 					return atomicphase.Outcome{}, err
@@ -173,7 +173,7 @@ func TestRunRetriesDeadlock(t *testing.T) {
 func TestWorkflowEndingWithoutResponseFails(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	wf, err := atomicphase.NewWorkflow("silent", []atomicphase.Phase[struct{}]{atomicphase.Local("only", noop)}, nil)
+	wf, err := atomicphase.NewWorkflow("silent", startEmpty[struct{}], []atomicphase.Phase[struct{}]{atomicphase.Local("only", noop)}, nil)
 	require.NoError(t, err)
 	_, err = b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"})
 	require.ErrorIs(t, err, atomicphase.ErrNoResponse)

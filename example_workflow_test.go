@@ -33,7 +33,7 @@ func Example() {
 	}
 
 	bankDown := true
-	wf := atomicphase.MustWorkflow("transfer", []atomicphase.Phase[transfer]{
+	wf := atomicphase.MustWorkflow("transfer", startEmpty[transfer], []atomicphase.Phase[transfer]{
 		atomicphase.Local("record", func(ctx context.Context, tx pgx.Tx, t *transfer) (atomicphase.Outcome, error) {
 			return atomicphase.Continue(), tx.QueryRow(ctx,
 				`INSERT INTO example_transfers (amount) VALUES ($1) RETURNING id`, t.Amount).Scan(&t.TransferID)

@@ -27,7 +27,7 @@ func TestFaultPlacesInTheOrderARunPassesThem(t *testing.T) {
 			passed = append(passed, at)
 			return nil
 		})})
-	wf := atomicphase.MustWorkflow("pay", []atomicphase.Phase[struct{}]{
+	wf := atomicphase.MustWorkflow("pay", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
 		atomicphase.Local("prepare", noop),
 		atomicphase.Foreign("charge", func(ctx context.Context, call *atomicphase.ForeignCall, _ *struct{}) error {
 			return call.Do(ctx, func(context.Context, string) error { return nil })

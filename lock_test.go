@@ -191,7 +191,7 @@ func TestStaleLockIsTakenOver(t *testing.T) {
 			require.Equal(t, []int32{1, 2, 1}, []int32{c.create.Load(), c.charge.Load(), c.finish.Load()}, "resumed after create")
 			info, err = b.runner.Inspect(b.ctx, "u", "k")
 			require.NoError(t, err)
-			require.Equal(t, before.LockToken+1, info.LockToken, "the takeover renewed the lock token")
+			require.NotEqual(t, before.LockToken, info.LockToken, "the takeover took the key under a token of its own")
 			require.Equal(t, atomicphase.RecoveryPointFinished, info.RecoveryPoint)
 		})
 	}

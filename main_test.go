@@ -71,6 +71,16 @@ func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
 	return n
 }
 
+// orderInput is what an order request carries.
+type orderInput struct {
+	Item     string `json:"item"`
+	Quantity int    `json:"quantity"`
+}
+
+func startOrder(in orderInput, _ *atomicphase.Request) (orderState, error) {
+	return orderState{Item: in.Item, Quantity: in.Quantity}, nil
+}
+
 // orderState is the state of the three-phase test workflow.
 type orderState struct {
 	Item     string `json:"item"`
@@ -93,7 +103,7 @@ type hooks struct {
 // orderWorkflow is create (local) → charge (foreign) → finish (responds).
 func orderWorkflow(t testing.TB, c *counters, h hooks) *atomicphase.Workflow[orderState] {
 	t.Helper()
-	wf, err := atomicphase.NewWorkflow("order", []atomicphase.Phase[orderState]{
+	wf, err := atomicphase.NewWorkflow("order", startOrder, []atomicphase.Phase[orderState]{
 		atomicphase.Local("create", func(ctx context.Context, tx pgx.Tx, s *orderState) (atomicphase.Outcome, error) {
 			c.create.Add(1)
 			if err := tx.QueryRow(ctx, `INSERT INTO effects (scope, key, phase, note) VALUES ('', '', 'create', $1) RETURNING id`, s.Item).Scan(&s.OrderID); err != nil {
@@ -135,6 +145,12 @@ func orderWorkflow(t testing.TB, c *counters, h hooks) *atomicphase.Workflow[ord
 func orderRequest(scope, key string) atomicphase.Request {
 	return atomicphase.Request{Scope: scope, Key: key, Method: "POST", Path: "/orders",
 		Params: []byte(`{"item": "rocket", "quantity": 1}`)}
+}
+
+// startEmpty starts a workflow that takes no input with the zero state.
+func startEmpty[S any](struct{}, *atomicphase.Request) (S, error) {
+	var s S
+	return s, nil
 }
 
 // noop is a local phase that continues.

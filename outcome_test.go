@@ -106,13 +106,20 @@ func ship(_ context.Context, _ pgx.Tx, p *parcel) (atomicphase.Outcome, error) {
 	return atomicphase.Respond(202, body).WithHeader("X-Route", "dock-4"), nil
 }
 
+// startParcel takes the one field a client sends; the trail is computed.
+func startParcel(in struct {
+	Express bool `json:"express"`
+}, _ *atomicphase.Request) (parcel, error) {
+	return parcel{Express: in.Express}, nil
+}
+
 func parcelWorkflow(t *testing.T) *atomicphase.Workflow[parcel] {
 	t.Helper()
-	wf, err := atomicphase.NewWorkflow("parcel", []atomicphase.Phase[parcel]{
+	wf, err := atomicphase.NewWorkflow("parcel", startParcel, []atomicphase.Phase[parcel]{
 		atomicphase.Local("triage", triage).WithJumps("ship"),
 		atomicphase.Local("review", review),
 		atomicphase.Local("ship", ship),
-	}, nil)
+	}, &atomicphase.WorkflowOpts{KeepFinishedState: true}) // the tests read the finished state
 	require.NoError(t, err)
 	return wf
 }

@@ -65,7 +65,11 @@ func jumpWorkflow(t *testing.T, failAt string, failures *int) *atomicphase.Workf
 			return out(s), nil
 		}
 	}
-	wf, err := atomicphase.NewWorkflow("jumpy", []atomicphase.Phase[jumpState]{
+	wf, err := atomicphase.NewWorkflow("jumpy", func(in struct {
+		Express bool `json:"express"`
+	}, _ *atomicphase.Request) (jumpState, error) {
+		return jumpState{Express: in.Express}, nil
+	}, []atomicphase.Phase[jumpState]{
 		atomicphase.Local("check", step("check", func(s *jumpState) atomicphase.Outcome {
 			if s.Express {
 				return atomicphase.JumpTo("ship")
@@ -76,7 +80,7 @@ func jumpWorkflow(t *testing.T, failAt string, failures *int) *atomicphase.Workf
 		atomicphase.Local("ship", step("ship", func(s *jumpState) atomicphase.Outcome {
 			return atomicphase.Respond(200, []byte(`"done"`))
 		})),
-	}, nil)
+	}, &atomicphase.WorkflowOpts{KeepFinishedState: true}) // the tests read the finished state
 	require.NoError(t, err)
 	return wf
 }

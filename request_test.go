@@ -53,7 +53,7 @@ func TestRunRejectsRequestFieldsThatAreNotText(t *testing.T) {
 	}{
 		{func(r *atomicphase.Request) { r.Method = "PO\xffST" }, atomicphase.ErrInvalidRequest},
 		{func(r *atomicphase.Request) { r.Path = "/orders\x00" }, atomicphase.ErrInvalidRequest},
-		{func(r *atomicphase.Request) { r.Scope = "user\x00" }, atomicphase.ErrInvalidKey},
+		{func(r *atomicphase.Request) { r.Scope = "user\x00" }, atomicphase.ErrInvalidScope},
 	} {
 		req := orderRequest("u", "k")
 		tc.mutate(&req)

@@ -40,13 +40,6 @@ func (s *seen) all() []string {
 	return append([]string(nil), s.keys...)
 }
 
-type emptyInput struct{}
-
-func startEmpty[S any](emptyInput, *atomicphase.Request) (S, error) {
-	var s S
-	return s, nil
-}
-
 // A client SDK that sets a random Idempotency-Key of its own (as stripe-go
 // does unless told otherwise) must not reach the downstream with it: one
 // request, one downstream key, on every retry.

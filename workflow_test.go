@@ -21,7 +21,10 @@ func TestNewWorkflowValidates(t *testing.T) {
 	}{
 		{"empty list", "w", nil, []string{"at least one phase"}},
 		{"empty workflow name", "", []atomicphase.Phase[S]{atomicphase.Local("a", noop)}, []string{"workflow name is empty"}},
-		{"duplicate", "w", []atomicphase.Phase[S]{atomicphase.Local("a", noop), atomicphase.Local("a", noop)}, []string{`both named "a"`}},
+		{"duplicate", "w", []atomicphase.Phase[S]{atomicphase.Local("a", noop), atomicphase.Local("a", noop)}, []string{`both use the name "a"`}},
+		{"former name clash", "w", []atomicphase.Phase[S]{atomicphase.Local("a", noop), atomicphase.Local("b", noop).WithFormerNames("a")}, []string{`both use the name "a"`}},
+		{"reserved former name", "w", []atomicphase.Phase[S]{atomicphase.Local("a", noop).WithFormerNames("finished")}, []string{`"finished" is a reserved`}},
+		{"jump to a former name", "w", []atomicphase.Phase[S]{atomicphase.Local("a", noop).WithJumps("old"), atomicphase.Local("b", noop).WithFormerNames("old")}, []string{`a former name; jump to "b"`}},
 		{"reserved started", "w", []atomicphase.Phase[S]{atomicphase.Local("started", noop)}, []string{`"started" is a reserved`}},
 		{"reserved finished", "w", []atomicphase.Phase[S]{atomicphase.Local("finished", noop)}, []string{`"finished" is a reserved`}},
 		{"no function", "w", []atomicphase.Phase[S]{atomicphase.Local[S]("a", nil)}, []string{`"a" has no function`}},
@@ -33,20 +36,22 @@ func TestNewWorkflowValidates(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := atomicphase.NewWorkflow(c.wfName, c.phases, nil)
+			_, err := atomicphase.NewWorkflow(c.wfName, startEmpty[S], c.phases, nil)
 			require.Error(t, err)
 			for _, w := range c.want {
 				require.ErrorContains(t, err, w)
 			}
 		})
 	}
-	require.Panics(t, func() { atomicphase.MustWorkflow[S]("w", nil, nil) })
+	require.Panics(t, func() { atomicphase.MustWorkflow[struct{}, S]("w", startEmpty[S], nil, nil) })
+	_, err := atomicphase.NewWorkflow[struct{}, S]("w", nil, []atomicphase.Phase[S]{atomicphase.Local("a", noop)}, nil)
+	require.ErrorContains(t, err, "start function is nil")
 }
 
 func TestJumpToUndeclaredTargetFailsThePhase(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	wf, err := atomicphase.NewWorkflow("bad-jump", []atomicphase.Phase[struct{}]{
+	wf, err := atomicphase.NewWorkflow("bad-jump", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
 		atomicphase.Local("a", func(context.Context, pgx.Tx, *struct{}) (atomicphase.Outcome, error) {
 			return atomicphase.JumpTo("c"), nil
 		}),
@@ -56,4 +61,5 @@ func TestJumpToUndeclaredTargetFailsThePhase(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"})
 	require.ErrorContains(t, err, "does not declare with WithJumps")
+	require.ErrorIs(t, err, atomicphase.ErrPermanent, "a programming error no retry can fix")
 }

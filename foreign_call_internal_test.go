@@ -1,0 +1,26 @@
+package atomicphase
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestDownstreamKeyPartsAllCount(t *testing.T) {
+	t.Parallel()
+	base := downstreamKey("salt", "order", "user_1", "k", "charge")
+	require.Equal(t, base, downstreamKey("salt", "order", "user_1", "k", "charge"), "stable")
+	for name, other := range map[string]string{
+		"phase":    downstreamKey("salt", "order", "user_1", "k", "refund"),
+		"scope":    downstreamKey("salt", "order", "user_2", "k", "charge"),
+		"key":      downstreamKey("salt", "order", "user_1", "k2", "charge"),
+		"workflow": downstreamKey("salt", "refund", "user_1", "k", "charge"),
+		"salt":     downstreamKey("pepper", "order", "user_1", "k", "charge"),
+		"no salt":  downstreamKey("", "order", "user_1", "k", "charge"),
+		"concat":   downstreamKey("salt", "order", "user_1k", "", "charge"),
+	} {
+		require.NotEqual(t, base, other, name)
+	}
+	// Rows recorded before the salt existed keep the keys they sent.
+	require.Equal(t, "ap_", downstreamKey("", "order", "user_1", "k", "charge")[:3])
+}
