@@ -32,16 +32,26 @@ func ExampleMiddleware() {
 		log.Fatal(err)
 	}
 
-	type note struct {
+	// What the client sends, and what the workflow keeps between phases.
+	type noteInput struct {
 		Text string `json:"text"`
 	}
-	createNote := atomicphase.MustWorkflow("create_note", []atomicphase.Phase[note]{
+	type note struct {
+		ID   int64  `json:"id"`
+		Text string `json:"text"`
+	}
+	start := func(in noteInput, _ *atomicphase.Request) (note, error) {
+		if in.Text == "" {
+			return note{}, errors.New("text is required")
+		}
+		return note{Text: in.Text}, nil
+	}
+	createNote := atomicphase.MustWorkflow("create_note", start, []atomicphase.Phase[note]{
 		atomicphase.Local("insert", func(ctx context.Context, tx pgx.Tx, n *note) (atomicphase.Outcome, error) {
-			var id int64
-			if err := tx.QueryRow(ctx, `INSERT INTO notes (text) VALUES ($1) RETURNING id`, n.Text).Scan(&id); err != nil {
+			if err := tx.QueryRow(ctx, `INSERT INTO notes (text) VALUES ($1) RETURNING id`, n.Text).Scan(&n.ID); err != nil {
 				return atomicphase.Outcome{}, err
 			}
-			body, err := json.Marshal(map[string]any{"id": id, "text": n.Text})
+			body, err := json.Marshal(n)
 			return atomicphase.Respond(http.StatusCreated, body), err
 		}),
 	}, nil)

@@ -57,7 +57,12 @@ func setupRunnerOn(t *testing.T, pool *pgxpool.Pool, cfg *atomicphase.Config, op
 	runner, err := atomicphase.NewRunner(pool, cfg)
 	require.NoError(t, err)
 	b.runner = runner
-	wf := atomicphase.MustWorkflow("note", []atomicphase.Phase[note]{
+	wf := atomicphase.MustWorkflow("note", func(in note, _ *atomicphase.Request) (note, error) {
+		if in.Text == "" {
+			return in, errors.New("text is required")
+		}
+		return in, nil
+	}, []atomicphase.Phase[note]{
 		atomicphase.Local("save", func(ctx context.Context, tx pgx.Tx, n *note) (atomicphase.Outcome, error) {
 			b.runs.Add(1)
 			if b.entered != nil {
@@ -67,25 +72,21 @@ func setupRunnerOn(t *testing.T, pool *pgxpool.Pool, cfg *atomicphase.Config, op
 			if b.fail.Load() {
 				return atomicphase.Outcome{}, errors.New("downstream is down")
 			}
+			if n.Text == "permanent" {
+				return atomicphase.Outcome{}, atomicphase.Permanent(errors.New("the downstream refuses this note for good"))
+			}
 			body, _ := json.Marshal(map[string]any{"saved": n.Text, "run": b.runs.Load()})
 			return atomicphase.Respond(201, body).WithHeader("Location", "/notes/1"), nil
 		}),
-	}, &atomicphase.WorkflowOpts[note]{Start: func(req *atomicphase.Request) (note, error) {
-		var n note
-		if err := json.Unmarshal(req.Params, &n); err != nil {
-			return n, err
-		}
-		if n.Text == "" {
-			return n, errors.New("text is required")
-		}
-		return n, nil
-	}})
+	}, nil)
 	o := aphttp.Options{Scope: func(r *http.Request) (string, error) {
 		switch user := r.Header.Get("X-User"); user {
 		case "":
 			return "", fmt.Errorf("%w: who are you?", aphttp.ErrUnauthorized)
 		case "flaky":
 			return "", errors.New("the user store is down")
+		case "anonymous":
+			return "", nil // a bug in the server's Scope function
 		default:
 			return user, nil
 		}
@@ -107,7 +108,13 @@ type reply struct {
 
 func (b *bundle) do(t *testing.T, method, key, body string, headers ...string) reply {
 	t.Helper()
-	req, err := http.NewRequest(method, b.srv.URL+"/notes", strings.NewReader(body))
+	return b.doAt(t, "/notes", method, key, body, headers...)
+}
+
+// doAt is do for another path (and query string).
+func (b *bundle) doAt(t *testing.T, path, method, key, body string, headers ...string) reply {
+	t.Helper()
+	req, err := http.NewRequest(method, b.srv.URL+path, strings.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("X-User", "alice")
 	if key != "" {
@@ -323,6 +330,45 @@ func TestStoreUnavailableIs503(t *testing.T) {
 func TestMiddlewareRequiresScope(t *testing.T) {
 	t.Parallel()
 	require.Panics(t, func() {
-		aphttp.Middleware(&atomicphase.Runner{}, atomicphase.MustWorkflow("w", []atomicphase.Phase[note]{atomicphase.Local("p", func(context.Context, pgx.Tx, *note) (atomicphase.Outcome, error) { return atomicphase.Continue(), nil })}, nil), nil)
+		aphttp.Middleware(&atomicphase.Runner{}, atomicphase.MustWorkflow("w", func(n note, _ *atomicphase.Request) (note, error) { return n, nil }, []atomicphase.Phase[note]{atomicphase.Local("p", func(context.Context, pgx.Tx, *note) (atomicphase.Outcome, error) { return atomicphase.Continue(), nil })}, nil), nil)
 	})
+}
+
+// The query string is part of the request: the same key sent with another
+// query string is another request, never a replay of the first.
+func TestQueryStringIsPartOfTheRequest(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	first := b.doAt(t, "/notes", http.MethodPost, "k", `{"text":"hi"}`)
+	require.Equal(t, 201, first.status)
+	requireProblem(t, b.doAt(t, "/notes?express=true", http.MethodPost, "k", `{"text":"hi"}`), 422, aphttp.ProblemKeyReused)
+	other := b.doAt(t, "/notes?express=true", http.MethodPost, "k2", `{"text":"hi"}`)
+	require.Equal(t, 201, other.status)
+	requireProblem(t, b.doAt(t, "/notes", http.MethodPost, "k2", `{"text":"hi"}`), 422, aphttp.ProblemKeyReused)
+	replay := b.doAt(t, "/notes?express=true", http.MethodPost, "k2", `{"text":"hi"}`)
+	require.Equal(t, other.body, replay.body)
+	require.Equal(t, "true", replay.header.Get("Idempotent-Replayed"))
+	require.EqualValues(t, 2, b.runs.Load())
+}
+
+// An error no retry can fix is a final 500 the client does not retry, not a
+// 503 that it would retry forever.
+func TestPermanentFailureIs500WithoutRetryAfter(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for range 2 {
+		r := b.do(t, http.MethodPost, "k", `{"text":"permanent"}`)
+		requireProblem(t, r, http.StatusInternalServerError, aphttp.ProblemPermanentFailure)
+		require.Empty(t, r.header.Get("Retry-After"))
+	}
+}
+
+// An empty scope is the server's bug: a 500, never a shared key space, and
+// never blamed on the client's key.
+func TestEmptyScopeIs500(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.do(t, http.MethodPost, "k", `{"text":"hi"}`, "X-User", "anonymous")
+	requireProblem(t, r, http.StatusInternalServerError, aphttp.ProblemInvalidScope)
+	require.Zero(t, b.runs.Load())
 }
