@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -110,6 +111,9 @@ func (c *Config) retryBackoff(try int) time.Duration {
 // checkSchemaName accepts "" (the search_path) or a PostgreSQL identifier
 // PostgreSQL would not truncate.
 func checkSchemaName(field, schema string) error {
+	if strings.HasPrefix(schema, "pg_") {
+		return fmt.Errorf("%s %q starts with pg_, which PostgreSQL reserves for system schemas", field, schema)
+	}
 	if len(schema) > maxNameLength {
 		return fmt.Errorf("%s %q is longer than %d bytes, which PostgreSQL would truncate", field, schema, maxNameLength)
 	}

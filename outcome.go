@@ -68,7 +68,7 @@ func (o Outcome) Response() (resp Response, ok bool) {
 	return o.resp, o.kind == outcomeRespond
 }
 
-// String describes the outcome: "continue", "jump to NAME" or
+// String describes the outcome: "continue", `jump to "NAME"` or
 // "respond STATUS".
 func (o Outcome) String() string {
 	switch o.kind {

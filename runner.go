@@ -44,7 +44,7 @@ func (r *Runner) Register(workflows ...AnyWorkflow) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, wf := range workflows {
-		if wf == nil {
+		if wf == nil || wf.isNil() {
 			return errors.New("atomicphase: Register given a nil workflow")
 		}
 		if have, ok := r.workflows[wf.Name()]; ok && have != wf {
@@ -91,8 +91,8 @@ func (r *Runner) workflow(name string) (AnyWorkflow, bool) {
 // answers from the rest. ctx governs the whole run; if it ends mid-phase the
 // phase rolls back and the key is unlocked.
 func (r *Runner) Run(ctx context.Context, wf AnyWorkflow, req Request) (*Response, error) {
-	if wf == nil {
-		return nil, errors.New("atomicphase: Run given a nil workflow")
+	if wf == nil || wf.isNil() {
+		return nil, Permanent(errors.New("atomicphase: Run given a nil workflow"))
 	}
 	if err := req.validate(r.cfg.MaxKeyLength); err != nil {
 		return nil, err

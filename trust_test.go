@@ -594,3 +594,20 @@ func TestScopeIsValidated(t *testing.T) {
 	}
 	require.Zero(t, b.count(t, `SELECT count(*) FROM idempotency_keys`))
 }
+
+func TestTypedNilWorkflowIsAnErrorNotAPanic(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var wf *atomicphase.Workflow[struct{}]
+	_, err := b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"})
+	require.ErrorContains(t, err, "nil workflow")
+	require.ErrorContains(t, b.runner.Register(wf), "nil workflow")
+}
+
+func TestReservedSchemaNameIsRefused(t *testing.T) {
+	t.Parallel()
+	_, err := atomicphase.NewRunner(&pgxpool.Pool{}, &atomicphase.Config{Schema: "pg_keys"})
+	require.ErrorContains(t, err, "reserves")
+	_, err = atomicphase.Migrate(context.Background(), nil, &atomicphase.MigrateOpts{Schema: "pg_keys"})
+	require.ErrorContains(t, err, "reserves")
+}

@@ -158,6 +158,7 @@ func (w *Workflow[S]) Phases() []string {
 	return names
 }
 
+func (w *Workflow[S]) isNil() bool                               { return w == nil }
 func (w *Workflow[S]) phaseSteps() []step                        { return w.steps }
 func (w *Workflow[S]) keepsFinishedState() bool                  { return w.keepState }
 func (w *Workflow[S]) initialState(req *Request) ([]byte, error) { return w.start(req) }
@@ -167,6 +168,7 @@ func (w *Workflow[S]) initialState(req *Request) ([]byte, error) { return w.star
 // implements it.
 type AnyWorkflow interface {
 	Name() string
+	isNil() bool
 	phaseSteps() []step
 	initialState(req *Request) ([]byte, error)
 	keepsFinishedState() bool
