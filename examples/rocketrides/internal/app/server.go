@@ -20,9 +20,9 @@ import (
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/aphttp"
-	"github.com/atomicphase/atomicphase/atomicphasetest"
 	"github.com/atomicphase/atomicphase/faultinject"
 	"github.com/atomicphase/atomicphase/internal/fakestripe"
+	"github.com/atomicphase/atomicphase/internal/pgtemp"
 )
 
 // Config is the server's configuration, read from the environment by
@@ -72,11 +72,12 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 	}
 
 	if cfg.DatabaseURL == "" {
-		srv, err := atomicphasetest.StartServer(ctx, logf)
+		srv, err := pgtemp.Start(ctx)
 		if err != nil {
-			return err
+			return noDatabaseError(err)
 		}
 		defer srv.Stop()
+		logf("DATABASE_URL is empty: started a throwaway PostgreSQL from %s at %s", srv.Bin, pgtemp.Redact(srv.URL))
 		cfg.DatabaseURL = srv.URL
 	}
 	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
@@ -135,6 +136,18 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return srv.Shutdown(shutdown)
+}
+
+// noDatabaseError explains what to do when DATABASE_URL is empty and no
+// throwaway PostgreSQL could be started. The server links no Docker client
+// (a production binary should not), so unlike the test harness it cannot
+// fall back to a container.
+func noDatabaseError(err error) error {
+	return fmt.Errorf("DATABASE_URL is empty and no throwaway PostgreSQL could be started (%w). Either\n"+
+		"  1. set DATABASE_URL to a PostgreSQL server, or\n"+
+		"  2. install the PostgreSQL server binaries (initdb, postgres) on PATH or under /usr/lib/postgresql/*/bin\n"+
+		"     (Debian/Ubuntu: apt-get install postgresql), or\n"+
+		"  3. run `make demo`, or the tests, whose harness can also start PostgreSQL in Docker", err)
 }
 
 // Handler routes GET /healthz and POST /rides.
