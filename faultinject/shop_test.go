@@ -17,8 +17,8 @@ import (
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/atomicphasetest"
+	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
 	"github.com/atomicphase/atomicphase/faultinject"
-	"github.com/atomicphase/atomicphase/internal/fakestripe"
 )
 
 func TestMain(m *testing.M) {

@@ -20,8 +20,8 @@ import (
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/aphttp"
+	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
 	"github.com/atomicphase/atomicphase/faultinject"
-	"github.com/atomicphase/atomicphase/internal/fakestripe"
 	"github.com/atomicphase/atomicphase/internal/pgtemp"
 )
 
