@@ -1,7 +1,9 @@
 // Package atomicphasetest is atomicphase's test support: a real, migrated
-// PostgreSQL database per test. Applications test their own workflows with
-// it the way atomicphase tests itself: against the real key store, never a
-// mock.
+// PostgreSQL database per test, and the fault explorer that runs a workflow
+// through every fault point × action and checks its invariants. Fake
+// downstreams live beside it, in atomicphasetest/fakestripe. Applications
+// test their own workflows with it the way atomicphase tests itself: against
+// the real key store, never a mock.
 //
 // # Databases
 //
@@ -26,6 +28,14 @@
 //		runner, err := atomicphase.NewRunner(db.Pool, nil)
 //		...
 //	}
+//
+// # Exploring faults
+//
+// Explore runs a Scenario once cleanly, recording the fault points it
+// passes, then once more per point × action with that fault injected
+// (through the faultinject package), each on a clean database, retrying
+// like a client until a final answer and checking the invariants after each.
+// See Scenario, and docs/fault-injection.md in the repository.
 //
 // This package imports testing and a Docker client: use it from tests and
 // development tools, never from a server's import path.

@@ -253,3 +253,16 @@ func TestMalformedFaultsStopStartUp(t *testing.T) {
 	require.Contains(t, string(out), "ATOMICPHASE_FAULTS")
 	require.Contains(t, string(out), `unknown place "whenever"`)
 }
+
+// TestServerLinksNoTestMachinery: the server binary links neither testing
+// nor a Docker client; only its tests and the demo use the harness.
+func TestServerLinksNoTestMachinery(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, dep := range strings.Fields(string(out)) {
+		bad := dep == "testing" || strings.Contains(dep, "dockertest") || strings.Contains(dep, "docker/") ||
+			strings.Contains(dep, "stretchr/testify") || strings.HasSuffix(dep, "/atomicphasetest")
+		require.False(t, bad, "the server links %s", dep)
+	}
+}
