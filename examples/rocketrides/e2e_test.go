@@ -161,7 +161,7 @@ func count(t *testing.T, db *atomicphasetest.DB, sql string, args ...any) int {
 
 // TestKillAtEveryFaultPoint SIGKILLs the server at each fault point while
 // it serves a ride, restarts it against the same database, retries the
-// request to a final answer, and checks the contract's three invariants
+// request to a final answer, and checks the three invariants of README.md
 // against the payment API's distinct charges.
 func TestKillAtEveryFaultPoint(t *testing.T) {
 	t.Parallel()

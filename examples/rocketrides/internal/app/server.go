@@ -1,6 +1,7 @@
 // Package app is the Rocket Rides example server: POST /rides books a ride
 // and charges the rider's card, safely retryable with an Idempotency-Key,
-// on atomicphase. Its external contract is spec/rocketrides-contract.md.
+// on atomicphase. examples/rocketrides/README.md describes its behaviour:
+// start-up, environment, answers, the payment API call and the invariants.
 package app
 
 import (
@@ -28,7 +29,8 @@ import (
 // Config is the server's configuration, read from the environment by
 // ConfigFromEnv.
 type Config struct {
-	// DatabaseURL is DATABASE_URL; empty starts a throwaway PostgreSQL.
+	// DatabaseURL is DATABASE_URL; empty starts a throwaway PostgreSQL
+	// from local server binaries.
 	DatabaseURL string
 	// Addr is ADDR, the listen address. Defaults to 127.0.0.1:8080.
 	Addr string
