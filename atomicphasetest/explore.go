@@ -195,7 +195,7 @@ func newExplorer(t testing.TB, sc Scenario) *explorer {
 		e.actions = faultinject.InProcessActions
 	}
 	if slices.Contains(e.actions, faultinject.Exit) {
-		t.Fatal("atomicphasetest: the exit action would kill the test; run it in a child process with FromEnv")
+		t.Fatal("atomicphasetest: the exit action would kill the test; run it in a child process with faultinject.FromEnv")
 	}
 	var final *atomicphase.Response
 	e.clean, e.points, final = e.runRecorded(nil)
