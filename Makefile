@@ -3,7 +3,10 @@
 # none is there, scripts/ensure-postgres installs the binaries with apt-get.
 
 GO ?= go
-PKGS := ./...
+# The library's module and the examples' module (go.work joins them, so one
+# go command covers both).
+MODULES := . examples
+PKGS := ./... ./examples/...
 
 .PHONY: help
 help: ## List the targets
@@ -30,10 +33,10 @@ test/race: postgres ## Run the whole test suite with the race detector
 	$(GO) test -race -count=1 $(PKGS)
 
 .PHONY: lint
-lint: ## Check formatting, go vet and a tidy go.mod
+lint: ## Check formatting, go vet and a tidy go.mod in both modules
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
-	$(GO) mod tidy -diff
+	@for m in $(MODULES); do echo "(cd $$m && $(GO) mod tidy -diff)"; (cd $$m && $(GO) mod tidy -diff) || exit 1; done
 
 .PHONY: bench
 bench: postgres ## Run the benchmarks

@@ -65,6 +65,8 @@
 // # Testing
 //
 // The atomicphasetest package hands tests a real, migrated PostgreSQL
-// database; the faultinject package crashes runs at every fault point and
-// checks that a workflow's invariants survive each one.
+// database, and its explorer runs a workflow through every fault point ×
+// action and checks its invariants after each. The faultinject package is
+// what a running server links: it crashes runs at named fault points, in
+// process or as a real process kill, as ATOMICPHASE_FAULTS says.
 package atomicphase

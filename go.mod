@@ -1,6 +1,6 @@
 module github.com/atomicphase/atomicphase
 
-go 1.26.8
+go 1.25.0
 
 require (
 	github.com/georgysavva/scany/v2 v2.1.4
@@ -8,7 +8,6 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/ory/dockertest/v3 v3.12.0
 	github.com/stretchr/testify v1.12.1
-	github.com/stripe/stripe-go/v85 v85.0.0
 )
 
 require (

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/internal/pgtemp"
 )
 
 // Options configure NewDB. A nil *Options means the atomicphase schema only.
@@ -96,7 +97,7 @@ func server(ctx context.Context) (*Server, *pgxpool.Pool, error) {
 		admin, err := pgxpool.New(ctx, srv.URL)
 		if err != nil {
 			_ = srv.Stop()
-			return nil, nil, fmt.Errorf("atomicphasetest: connect to %s: %w", redact(srv.URL), err)
+			return nil, nil, fmt.Errorf("atomicphasetest: connect to %s: %w", pgtemp.Redact(srv.URL), err)
 		}
 		shared.srv, shared.admin, shared.templates = srv, admin, map[string]bool{}
 	}

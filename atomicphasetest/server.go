@@ -1,35 +1,12 @@
-// Package atomicphasetest hands tests a real, migrated PostgreSQL database,
-// so applications can test their own workflows the way atomicphase tests
-// itself: against the real key store, never a mock.
-//
-// The server comes from, in order: TEST_DATABASE_URL or DATABASE_URL if set
-// (the role needs CREATEDB); else a throwaway cluster started from local
-// PostgreSQL binaries (found on PATH or under /usr/lib/postgresql/*/bin; when
-// the process runs as root, the server runs as the postgres OS user); else a
-// container started through dockertest when a Docker engine answers; else
-// the test fails naming all three options.
-//
-// Each NewDB call gets its own database, cloned in milliseconds from a
-// template that was migrated once per process. A throwaway cluster lives in
-// /dev/shm when there is room, where a clone takes ~20ms instead of ~300ms. A throwaway server and its
-// temporary directory are removed when the test binary exits, even if it is
-// killed: a watchdog process outlives it just long enough to clean up.
-//
-//	func TestMain(m *testing.M) { os.Exit(atomicphasetest.Main(m)) }
-//
-//	func TestCharge(t *testing.T) {
-//		db := atomicphasetest.NewDB(t, nil)
-//		runner, err := atomicphase.NewRunner(db.Pool, nil)
-//		...
-//	}
 package atomicphasetest
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
+
+	"github.com/atomicphase/atomicphase/internal/pgtemp"
 )
 
 // Server is a PostgreSQL server a test or example can create databases on.
@@ -40,7 +17,6 @@ type Server struct {
 	// Kind says where the server came from: "env", "local" or "docker".
 	Kind string
 	stop func() error
-	dir  string // a local server's temporary directory
 }
 
 // Stop shuts down a server this package started and removes its files. It
@@ -55,12 +31,7 @@ func (s *Server) Stop() error {
 }
 
 // URLFromEnv returns TEST_DATABASE_URL, else DATABASE_URL, else "".
-func URLFromEnv() string {
-	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
-		return u
-	}
-	return os.Getenv("DATABASE_URL")
-}
+func URLFromEnv() string { return pgtemp.URLFromEnv() }
 
 // StartServer starts a throwaway PostgreSQL: from local binaries if there
 // are any, else in a Docker container if an engine answers. The error names
@@ -70,19 +41,15 @@ func StartServer(ctx context.Context, logf func(format string, args ...any)) (*S
 		logf = func(string, ...any) {}
 	}
 	var reasons []string
-	if bin, err := findBinaries(); err != nil {
-		reasons = append(reasons, "local binaries: "+err.Error())
-	} else {
-		srv, err := startLocal(ctx, bin)
-		if err == nil {
-			logf("started a throwaway PostgreSQL from %s at %s", bin, redact(srv.URL))
-			return srv, nil
-		}
-		reasons = append(reasons, "local binaries in "+bin+": "+err.Error())
+	local, err := pgtemp.Start(ctx)
+	if err == nil {
+		logf("started a throwaway PostgreSQL from %s at %s", local.Bin, pgtemp.Redact(local.URL))
+		return &Server{URL: local.URL, Kind: "local", stop: local.Stop}, nil
 	}
+	reasons = append(reasons, "local binaries: "+err.Error())
 	srv, err := startDocker(ctx)
 	if err == nil {
-		logf("started a throwaway PostgreSQL in Docker at %s", redact(srv.URL))
+		logf("started a throwaway PostgreSQL in Docker at %s", pgtemp.Redact(srv.URL))
 		return srv, nil
 	}
 	reasons = append(reasons, "docker: "+err.Error())
@@ -96,19 +63,6 @@ func noServerError(reasons []string) error {
 		"     (Debian/Ubuntu: apt-get install postgresql), or\n" +
 		"  3. start a Docker engine, so a postgres container can be run.\n" +
 		"What was tried:\n  - " + strings.Join(reasons, "\n  - "))
-}
-
-// redact hides a password in a URL for logs.
-func redact(url string) string {
-	if i := strings.Index(url, "://"); i >= 0 {
-		if at := strings.Index(url[i+3:], "@"); at >= 0 {
-			cred := url[i+3 : i+3+at]
-			if user, _, ok := strings.Cut(cred, ":"); ok {
-				return url[:i+3] + user + ":***" + url[i+3+at:]
-			}
-		}
-	}
-	return url
 }
 
 // withDatabase returns url pointed at database name.
@@ -128,5 +82,5 @@ func withDatabase(url, name string) (string, error) {
 	if strings.Contains(url, "=") || url == "" {
 		return strings.TrimSpace(url + " dbname=" + name), nil
 	}
-	return "", fmt.Errorf("atomicphasetest: cannot make a connection string for database %q from %q", name, redact(url))
+	return "", fmt.Errorf("atomicphasetest: cannot make a connection string for database %q from %q", name, pgtemp.Redact(url))
 }

@@ -14,13 +14,6 @@ import (
 // EnvVar is the environment variable FromEnv reads.
 const EnvVar = "ATOMICPHASE_FAULTS"
 
-// places are the fault places Parse accepts.
-var places = []atomicphase.FaultPlace{
-	atomicphase.BeforeAcquire, atomicphase.AfterAcquire, atomicphase.BeforePhase,
-	atomicphase.AfterForeign, atomicphase.BeforeResponse, atomicphase.BeforeCommit,
-	atomicphase.AfterCommit,
-}
-
 // Parse reads rules written as a comma-separated list of
 //
 //	[WORKFLOW/]PHASE:PLACE:ACTION[:ARG]
@@ -76,7 +69,7 @@ func parseRule(item string) (Rule, error) {
 		r.Phase = phase
 	}
 	r.Place = atomicphase.FaultPlace(parts[1])
-	if !slices.Contains(places, r.Place) {
+	if !slices.Contains(atomicphase.FaultPlaces(), r.Place) {
 		return Rule{}, fmt.Errorf("unknown place %q (one of %s)", parts[1], joinPlaces())
 	}
 	r.Action = Action(parts[2])
@@ -112,6 +105,7 @@ func FromEnv() (*Injector, error) {
 }
 
 func joinPlaces() string {
+	places := atomicphase.FaultPlaces()
 	s := make([]string, len(places))
 	for i, p := range places {
 		s[i] = string(p)

@@ -10,14 +10,13 @@ import (
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/atomicphasetest"
-	"github.com/atomicphase/atomicphase/faultinject"
-	"github.com/atomicphase/atomicphase/internal/fakestripe"
+	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
 )
 
 // TestQuickstartSurvivesEveryFault explores the quickstart workflow at
 // every fault point × action. Run with -v to see the table.
 func TestQuickstartSurvivesEveryFault(t *testing.T) {
-	sc := faultinject.Scenario{
+	sc := atomicphasetest.Scenario{
 		Name: "quickstart create_order",
 		DB: &atomicphasetest.Options{
 			SetupID: "quickstart-orders-v1",
@@ -27,13 +26,13 @@ func TestQuickstartSurvivesEveryFault(t *testing.T) {
 				return err
 			},
 		},
-		Setup: func(t testing.TB, db *atomicphasetest.DB) *faultinject.Trial {
+		Setup: func(t testing.TB, db *atomicphasetest.DB) *atomicphasetest.Trial {
 			payments, err := fakestripe.Start()
 			if err != nil {
 				t.Fatal(err)
 			}
 			wf := newOrderWorkflow(payments.URL)
-			return &faultinject.Trial{
+			return &atomicphasetest.Trial{
 				Attempt: func(ctx context.Context, runner *atomicphase.Runner) (*atomicphase.Response, error) {
 					return runner.Run(ctx, wf, atomicphase.Request{Scope: "customer_42", Key: "order-a",
 						Method: "POST", Path: "/orders", Params: []byte(`{"item": "rocket boots", "amount": 2000}`)})
@@ -59,5 +58,5 @@ func TestQuickstartSurvivesEveryFault(t *testing.T) {
 	if testing.Verbose() {
 		sc.Out = os.Stdout
 	}
-	faultinject.Explore(t, sc)
+	atomicphasetest.Explore(t, sc)
 }

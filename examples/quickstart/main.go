@@ -24,7 +24,7 @@ import (
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/atomicphasetest"
-	"github.com/atomicphase/atomicphase/internal/fakestripe"
+	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
 )
 
 // order is the workflow's state, committed with every phase.

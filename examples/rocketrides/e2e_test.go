@@ -21,8 +21,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/atomicphase/atomicphase/atomicphasetest"
+	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/app"
-	"github.com/atomicphase/atomicphase/internal/fakestripe"
 )
 
 var binary string // the example, built once by TestMain
@@ -161,7 +161,7 @@ func count(t *testing.T, db *atomicphasetest.DB, sql string, args ...any) int {
 
 // TestKillAtEveryFaultPoint SIGKILLs the server at each fault point while
 // it serves a ride, restarts it against the same database, retries the
-// request to a final answer, and checks the contract's three invariants
+// request to a final answer, and checks the three invariants of README.md
 // against the payment API's distinct charges.
 func TestKillAtEveryFaultPoint(t *testing.T) {
 	t.Parallel()
@@ -252,4 +252,17 @@ func TestMalformedFaultsStopStartUp(t *testing.T) {
 	require.True(t, errors.As(err, &exitErr), "%v", err)
 	require.Contains(t, string(out), "ATOMICPHASE_FAULTS")
 	require.Contains(t, string(out), `unknown place "whenever"`)
+}
+
+// TestServerLinksNoTestMachinery: the server binary links neither testing
+// nor a Docker client; only its tests and the demo use the harness.
+func TestServerLinksNoTestMachinery(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, dep := range strings.Fields(string(out)) {
+		bad := dep == "testing" || strings.Contains(dep, "dockertest") || strings.Contains(dep, "docker/") ||
+			strings.Contains(dep, "stretchr/testify") || strings.HasSuffix(dep, "/atomicphasetest")
+		require.False(t, bad, "the server links %s", dep)
+	}
 }

@@ -1,13 +1,16 @@
 // Command rocketrides is the Rocket Rides example server: a ride-booking API
 // whose POST /rides records a ride, charges the rider's card at a
 // Stripe-compatible payment API and stages a receipt job, safely retryable
-// with an Idempotency-Key. Its contract is spec/rocketrides-contract.md.
+// with an Idempotency-Key. README.md beside this file describes how to
+// start it, what it answers, what it sends to the payment API and the
+// invariants it keeps.
 //
 //	go run ./examples/rocketrides
 //
-// Environment: DATABASE_URL (empty: a throwaway PostgreSQL), ADDR
-// (127.0.0.1:8080), STRIPE_API_BASE (empty: an in-process fake payment API),
-// LOCK_TIMEOUT (90s), ATOMICPHASE_FAULTS (fault injection, for tests).
+// Environment: DATABASE_URL (empty: a throwaway PostgreSQL from local
+// server binaries), ADDR (127.0.0.1:8080), STRIPE_API_BASE (empty: an
+// in-process fake payment API), LOCK_TIMEOUT (90s), ATOMICPHASE_FAULTS and
+// ATOMICPHASE_FAULT_HEADER (fault injection, for tests).
 package main
 
 import (

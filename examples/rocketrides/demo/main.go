@@ -30,9 +30,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/atomicphasetest"
+	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/app"
 	"github.com/atomicphase/atomicphase/faultinject"
-	"github.com/atomicphase/atomicphase/internal/fakestripe"
 )
 
 const (

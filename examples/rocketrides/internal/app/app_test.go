@@ -16,7 +16,8 @@ import (
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/atomicphasetest"
-	"github.com/atomicphase/atomicphase/internal/fakestripe"
+	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
+	"github.com/atomicphase/atomicphase/internal/pgtemp"
 )
 
 func TestMain(m *testing.M) { os.Exit(atomicphasetest.Main(m)) }
@@ -251,4 +252,13 @@ func TestConcurrentDuplicatesChargeOnce(t *testing.T) {
 	require.NotNil(t, final)
 	require.Len(t, b.fake.Charges(), 1)
 	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM rides"))
+}
+
+func TestNoDatabaseErrorSaysWhatToDo(t *testing.T) {
+	t.Parallel()
+	err := noDatabaseError(pgtemp.ErrNoBinaries)
+	require.ErrorIs(t, err, pgtemp.ErrNoBinaries)
+	for _, want := range []string{"DATABASE_URL", "initdb", "make demo", "Docker"} {
+		require.ErrorContains(t, err, want)
+	}
 }

@@ -1,6 +1,7 @@
 // Package app is the Rocket Rides example server: POST /rides books a ride
 // and charges the rider's card, safely retryable with an Idempotency-Key,
-// on atomicphase. Its external contract is spec/rocketrides-contract.md.
+// on atomicphase. examples/rocketrides/README.md describes its behaviour:
+// start-up, environment, answers, the payment API call and the invariants.
 package app
 
 import (
@@ -20,15 +21,16 @@ import (
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/aphttp"
-	"github.com/atomicphase/atomicphase/atomicphasetest"
+	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
 	"github.com/atomicphase/atomicphase/faultinject"
-	"github.com/atomicphase/atomicphase/internal/fakestripe"
+	"github.com/atomicphase/atomicphase/internal/pgtemp"
 )
 
 // Config is the server's configuration, read from the environment by
 // ConfigFromEnv.
 type Config struct {
-	// DatabaseURL is DATABASE_URL; empty starts a throwaway PostgreSQL.
+	// DatabaseURL is DATABASE_URL; empty starts a throwaway PostgreSQL
+	// from local server binaries.
 	DatabaseURL string
 	// Addr is ADDR, the listen address. Defaults to 127.0.0.1:8080.
 	Addr string
@@ -72,11 +74,12 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 	}
 
 	if cfg.DatabaseURL == "" {
-		srv, err := atomicphasetest.StartServer(ctx, logf)
+		srv, err := pgtemp.Start(ctx)
 		if err != nil {
-			return err
+			return noDatabaseError(err)
 		}
 		defer srv.Stop()
+		logf("DATABASE_URL is empty: started a throwaway PostgreSQL from %s at %s", srv.Bin, pgtemp.Redact(srv.URL))
 		cfg.DatabaseURL = srv.URL
 	}
 	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
@@ -135,6 +138,18 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return srv.Shutdown(shutdown)
+}
+
+// noDatabaseError explains what to do when DATABASE_URL is empty and no
+// throwaway PostgreSQL could be started. The server links no Docker client
+// (a production binary should not), so unlike the test harness it cannot
+// fall back to a container.
+func noDatabaseError(err error) error {
+	return fmt.Errorf("DATABASE_URL is empty and no throwaway PostgreSQL could be started (%w). Either\n"+
+		"  1. set DATABASE_URL to a PostgreSQL server, or\n"+
+		"  2. install the PostgreSQL server binaries (initdb, postgres) on PATH or under /usr/lib/postgresql/*/bin\n"+
+		"     (Debian/Ubuntu: apt-get install postgresql), or\n"+
+		"  3. run `make demo`, or the tests, whose harness can also start PostgreSQL in Docker", err)
 }
 
 // Handler routes GET /healthz and POST /rides.

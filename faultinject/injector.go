@@ -1,30 +1,7 @@
-// Package faultinject kills atomicphase runs at named fault points — in
-// process and as a real process kill — and explores every point × action
-// to prove that a workflow's invariants survive each one.
-//
-// A Runner passes fault points (atomicphase.FaultPoint) at fixed places:
-// before and after the key is acquired, before each phase's body, after a
-// foreign call returned, before the commit that stores the response, before
-// each commit, and after it. An Injector set as Config.FaultInjector acts on
-// the points its rules match:
-//
-//	inj := faultinject.New(faultinject.Rule{
-//		Phase: "charge", Place: atomicphase.AfterForeign, Action: faultinject.Crash,
-//	})
-//	runner, _ := atomicphase.NewRunner(pool, &atomicphase.Config{FaultInjector: inj})
-//
-// Explore does this for every point a clean run passes and every action,
-// each on a clean database, retrying like a client until a final answer and
-// checking the scenario's invariants after each; see Scenario.
-//
-// For a server under an external test driver, FromEnv reads rules from
-// ATOMICPHASE_FAULTS (see Parse), so `charge:after-foreign:exit` SIGKILLs the
-// process right after the charge phase's foreign call returned.
 package faultinject
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -37,61 +14,18 @@ import (
 	"github.com/atomicphase/atomicphase"
 )
 
-// Action is what an Injector does at a matching fault point.
-type Action string
-
-// The actions.
-const (
-	// Crash stops the attempt dead, as a killed process would: its
-	// connection is closed without commit, rollback or unlock, and Run
-	// returns atomicphase.ErrCrashed. The key stays locked until the lock
-	// timeout.
-	Crash Action = "crash"
-	// Error returns a transient error: the phase rolls back and the key is
-	// unlocked.
-	Error Action = "error"
-	// Panic panics with an *InjectedPanic value; the Runner unlocks and re-panics.
-	Panic Action = "panic"
-	// Delay sleeps for Rule.Delay (default 10ms), for races and
-	// lock-timeout tests.
-	Delay Action = "delay"
-	// TerminateBackend kills the connection's PostgreSQL backend from
-	// another connection (pg_terminate_backend), so the driver meets a real
-	// broken connection on its next statement. Only points where the
-	// attempt holds a connection have a backend to kill.
-	TerminateBackend Action = "terminate-backend"
-	// LoseCommitAck lets the phase's COMMIT reach the server and complete,
-	// then breaks the connection before the client reads the
-	// acknowledgement: the ambiguous commit. It applies at BeforeCommit and
-	// needs connections dialed through InstallDialer.
-	LoseCommitAck Action = "lose-commit-ack"
-	// Exit kills the whole process with SIGKILL at the point.
-	Exit Action = "exit"
-)
-
-// Actions lists every action, in a stable order.
-var Actions = []Action{Crash, Error, Panic, Delay, TerminateBackend, LoseCommitAck, Exit}
-
-// InProcessActions are the actions an in-process explorer can survive
-// (every one but Exit).
-var InProcessActions = []Action{Crash, Error, Panic, Delay, TerminateBackend, LoseCommitAck}
-
-// ErrInjected is wrapped by the error the Error action returns.
-var ErrInjected = errors.New("faultinject: injected error")
-
-// InjectedPanic is the value the Panic action panics with.
-type InjectedPanic struct{ At atomicphase.FaultPoint }
-
-// String names the point the panic was injected at.
-func (p *InjectedPanic) String() string { return "faultinject: injected panic at " + p.At.String() }
-
 // Rule matches fault points and says what to do there. Empty Workflow and
 // Phase match any.
 type Rule struct {
+	// Workflow is the workflow's name, or "" for any workflow.
 	Workflow string
-	Phase    string
-	Place    atomicphase.FaultPlace
-	Action   Action
+	// Phase is the phase's name, or "" for any phase (and for the places
+	// around acquisition, which belong to no phase).
+	Phase string
+	// Place is the place in the run. Required.
+	Place atomicphase.FaultPlace
+	// Action is what to do there. Required.
+	Action Action
 	// Delay is how long the Delay action sleeps. Defaults to 10ms.
 	Delay time.Duration
 	// Times is how many matching passes fire; later ones pass untouched.

@@ -1,4 +1,4 @@
-package atomicphasetest
+package pgtemp
 
 import (
 	"bytes"
@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,37 +18,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// findBinaries returns the directory holding initdb and postgres.
-func findBinaries() (string, error) {
-	if p, err := exec.LookPath("initdb"); err == nil {
-		dir := filepath.Dir(p)
-		if resolved, err := filepath.EvalSymlinks(p); err == nil {
-			dir = filepath.Dir(resolved)
-		}
-		if _, err := os.Stat(filepath.Join(dir, "postgres")); err == nil {
-			return dir, nil
-		}
-	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	// Newest major version first.
-	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
-	for _, dir := range dirs {
-		if _, err := os.Stat(filepath.Join(dir, "initdb")); err == nil {
-			return dir, nil
-		}
-	}
-	return "", errors.New("no initdb on PATH or under /usr/lib/postgresql/*/bin")
-}
-
-func versionOf(binDir string) int {
-	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
-	return v
-}
-
-// startLocal initialises a cluster in a new temporary directory and starts
-// it on a free loopback port, tuned for tests (no fsync: nothing here must
-// survive an OS crash, only a process crash, which PostgreSQL handles alike).
-func startLocal(ctx context.Context, bin string) (*Server, error) {
+// startCluster initialises a cluster in a new temporary directory and
+// starts it on a free loopback port, tuned for throwaway use (no fsync:
+// nothing here must survive an OS crash, only a process crash, which
+// PostgreSQL handles alike).
+func startCluster(ctx context.Context, bin string) (*Server, error) {
 	dir, err := os.MkdirTemp(tempBase(), "atomicphase-pg-")
 	if err != nil {
 		return nil, err
@@ -135,7 +108,7 @@ func runPostgres(ctx context.Context, bin, dir, data string, port int, cred *sys
 		cancel()
 		if err == nil {
 			_ = conn.Close(ctx)
-			return &Server{URL: url, Kind: "local", stop: stop, dir: dir}, nil
+			return &Server{URL: url, Bin: bin, dir: dir, stop: stop}, nil
 		}
 		select {
 		case <-exited:
@@ -150,23 +123,6 @@ func runPostgres(ctx context.Context, bin, dir, data string, port int, cred *sys
 			return nil, fmt.Errorf("postgres did not accept connections: %v: %s", err, tail(log, 800))
 		}
 	}
-}
-
-// startWatchdog starts a detached shell that, once this process is gone
-// (exited, panicked or killed), stops the server and removes its directory.
-func startWatchdog(pgPID int, dir string) *exec.Cmd {
-	script := `while kill -0 "$1" 2>/dev/null; do sleep 0.5; done
-kill -QUIT "$2" 2>/dev/null
-for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$2" 2>/dev/null || break; sleep 0.5; done
-kill -KILL "$2" 2>/dev/null
-rm -rf "$3"`
-	cmd := exec.Command("/bin/sh", "-c", script, "atomicphase-pg-watchdog",
-		strconv.Itoa(os.Getpid()), strconv.Itoa(pgPID), dir)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return nil // cleanup then relies on Stop alone
-	}
-	return cmd
 }
 
 // serverCredential returns the identity to run the server as: the postgres

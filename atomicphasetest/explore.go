@@ -1,4 +1,4 @@
-package faultinject
+package atomicphasetest
 
 import (
 	"bytes"
@@ -8,18 +8,14 @@ import (
 	"io"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"testing"
-	"text/tabwriter"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
-	"github.com/atomicphase/atomicphase/atomicphasetest"
+	"github.com/atomicphase/atomicphase/faultinject"
 )
 
 // Scenario is one request to explore under faults: how to set up a clean
@@ -32,7 +28,7 @@ type Scenario struct {
 	// DB configures the clean database every run gets (the application's
 	// schema, through Setup and SetupID). The explorer adds its dialer to
 	// PoolConfig. Defaults to the atomicphase schema only.
-	DB *atomicphasetest.Options
+	DB *Options
 
 	// Config is the Runner configuration; the explorer sets its
 	// FaultInjector. Defaults to atomicphase's defaults.
@@ -40,16 +36,17 @@ type Scenario struct {
 
 	// Setup prepares one run on its clean database — starting a fake
 	// downstream, say — and returns the trial to drive. Required.
-	Setup func(t testing.TB, db *atomicphasetest.DB) *Trial
+	Setup func(t testing.TB, db *DB) *Trial
 
 	// MaxAttempts bounds how many times a run's request is sent before the
 	// run counts as never reaching a final answer. Defaults to 8.
 	MaxAttempts int
 
 	// Actions are the actions tried at every point. Defaults to
-	// InProcessActions. Exit is refused: it would kill the test itself;
-	// use FromEnv in a child process for that.
-	Actions []Action
+	// faultinject.InProcessActions. faultinject.Exit is refused: it would
+	// kill the test itself; use faultinject.FromEnv in a child process for
+	// that.
+	Actions []faultinject.Action
 
 	// SameBodyAsCleanRun adds the invariant that every run's final body
 	// equals the clean run's byte for byte. Leave it off when the body
@@ -77,71 +74,6 @@ type Trial struct {
 
 	// Close releases the run's fixtures. Defaults to nothing.
 	Close func()
-}
-
-// Row is one explored run.
-type Row struct {
-	// Faults lists the faults injected, one per faulted attempt.
-	Faults []Fault
-	// Attempts is how many times the request was sent.
-	Attempts int
-	// Outcome is the final answer ("201") or why there was none.
-	Outcome string
-	// Violation is the invariant that failed, or nil.
-	Violation error
-}
-
-// Fault is an action at a point.
-type Fault struct {
-	Point  atomicphase.FaultPoint
-	Action Action
-}
-
-// String renders the fault as "workflow:phase:place action".
-func (f Fault) String() string { return f.Point.String() + " " + string(f.Action) }
-
-// Report is the result of an exploration.
-type Report struct {
-	Scenario string
-	// Points are the fault points the clean run passed, in order.
-	Points []Passed
-	Rows   []Row
-}
-
-// Violation returns the first run that violated an invariant, or nil.
-func (r *Report) Violation() *Row {
-	for i := range r.Rows {
-		if r.Rows[i].Violation != nil {
-			return &r.Rows[i]
-		}
-	}
-	return nil
-}
-
-// String renders the report as a table: point, action, attempts, final
-// outcome, invariant.
-func (r *Report) String() string {
-	var b bytes.Buffer
-	fmt.Fprintf(&b, "fault exploration %q: %d points, %d runs\n", r.Scenario, len(r.Points), len(r.Rows))
-	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "POINT\tACTION\tATTEMPTS\tOUTCOME\tINVARIANT")
-	for _, row := range r.Rows {
-		verdict := "ok"
-		if row.Violation != nil {
-			verdict = "VIOLATED: " + row.Violation.Error()
-		}
-		points, actions := "(none)", "-"
-		if len(row.Faults) > 0 {
-			var ps, as []string
-			for _, f := range row.Faults {
-				ps, as = append(ps, f.Point.String()), append(as, string(f.Action))
-			}
-			points, actions = strings.Join(ps, " → "), strings.Join(as, " → ")
-		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", points, actions, row.Attempts, row.Outcome, verdict)
-	}
-	_ = w.Flush()
-	return b.String()
 }
 
 // Explore runs the scenario once cleanly, recording every fault point it
@@ -172,7 +104,7 @@ func failOn(t *testing.T, sc Scenario, rep *Report) {
 	t.Helper()
 	report(t, sc, rep)
 	if v := rep.Violation(); v != nil {
-		t.Fatalf("faultinject: invariant violated after %v (%d attempts, outcome %s): %v", v.Faults, v.Attempts, v.Outcome, v.Violation)
+		t.Fatalf("atomicphasetest: invariant violated after %v (%d attempts, outcome %s): %v", v.Faults, v.Attempts, v.Outcome, v.Violation)
 	}
 }
 
@@ -244,8 +176,8 @@ func SurveyRandom(t testing.TB, sc Scenario, seed uint64, runs int) *Report {
 type explorer struct {
 	t       testing.TB
 	sc      Scenario
-	actions []Action
-	points  []Passed
+	actions []faultinject.Action
+	points  []faultinject.Passed
 	clean   Row
 	want    *atomicphase.Response
 }
@@ -253,17 +185,17 @@ type explorer struct {
 func newExplorer(t testing.TB, sc Scenario) *explorer {
 	t.Helper()
 	if sc.Setup == nil {
-		t.Fatal("faultinject: Scenario.Setup is required")
+		t.Fatal("atomicphasetest: Scenario.Setup is required")
 	}
 	if sc.MaxAttempts == 0 {
 		sc.MaxAttempts = 8
 	}
 	e := &explorer{t: t, sc: sc, actions: sc.Actions}
 	if len(e.actions) == 0 {
-		e.actions = InProcessActions
+		e.actions = faultinject.InProcessActions
 	}
-	if slices.Contains(e.actions, Exit) {
-		t.Fatal("faultinject: the exit action would kill the test; run it in a child process with FromEnv")
+	if slices.Contains(e.actions, faultinject.Exit) {
+		t.Fatal("atomicphasetest: the exit action would kill the test; run it in a child process with faultinject.FromEnv")
 	}
 	var final *atomicphase.Response
 	e.clean, e.points, final = e.runRecorded(nil)
@@ -282,9 +214,9 @@ func (e *explorer) run(plan [][]Fault) Row {
 // runRecorded runs the trial on a clean database, injecting plan[i] on the
 // i-th attempt, and returns the row, the points the first attempt passed and
 // the final response.
-func (e *explorer) runRecorded(plan [][]Fault) (Row, []Passed, *atomicphase.Response) {
+func (e *explorer) runRecorded(plan [][]Fault) (Row, []faultinject.Passed, *atomicphase.Response) {
 	ctx := context.Background()
-	opts := atomicphasetest.Options{}
+	opts := Options{}
 	if e.sc.DB != nil {
 		opts = *e.sc.DB
 	}
@@ -293,13 +225,13 @@ func (e *explorer) runRecorded(plan [][]Fault) (Row, []Passed, *atomicphase.Resp
 		if userPoolConfig != nil {
 			userPoolConfig(cfg)
 		}
-		InstallDialer(cfg.ConnConfig)
+		faultinject.InstallDialer(cfg.ConnConfig)
 	}
 	row := Row{Outcome: "-"}
 	for _, faults := range plan {
 		row.Faults = append(row.Faults, faults...)
 	}
-	db, err := atomicphasetest.Open(ctx, &opts)
+	db, err := Open(ctx, &opts)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -310,7 +242,7 @@ func (e *explorer) runRecorded(plan [][]Fault) (Row, []Passed, *atomicphase.Resp
 	}()
 	trial := e.sc.Setup(e.t, db)
 	if trial == nil || trial.Attempt == nil {
-		e.t.Fatal("faultinject: Scenario.Setup must return a Trial with an Attempt")
+		e.t.Fatal("atomicphasetest: Scenario.Setup must return a Trial with an Attempt")
 	}
 	if trial.Close != nil {
 		defer trial.Close()
@@ -330,17 +262,17 @@ func (e *explorer) runRecorded(plan [][]Fault) (Row, []Passed, *atomicphase.Resp
 		lockTimeout = atomicphase.DefaultLockTimeout
 	}
 
-	var firstPassed []Passed
+	var firstPassed []faultinject.Passed
 	var final *atomicphase.Response
 	var lastErr error
 	for attempt := 1; attempt <= e.sc.MaxAttempts && final == nil; attempt++ {
-		inj := New()
+		var rules []faultinject.Rule
 		if attempt <= len(plan) {
 			for _, f := range plan[attempt-1] {
-				inj.rules = append(inj.rules, Rule{Workflow: f.Point.Workflow, Phase: f.Point.Phase, Place: f.Point.Place, Action: f.Action})
-				inj.fired = append(inj.fired, 0)
+				rules = append(rules, faultinject.Rule{Workflow: f.Point.Workflow, Phase: f.Point.Phase, Place: f.Point.Place, Action: f.Action})
 			}
 		}
+		inj := faultinject.New(rules...)
 		inj.Admin = db.Pool
 		sw.set(inj)
 		row.Attempts = attempt
@@ -351,7 +283,7 @@ func (e *explorer) runRecorded(plan [][]Fault) (Row, []Passed, *atomicphase.Resp
 		switch {
 		case err == nil:
 			final = resp
-		case final == nil && isFinalError(err):
+		case final == nil && !atomicphase.Retryable(err):
 			row.Outcome = "error: " + err.Error()
 			row.Violation = fmt.Errorf("the request ended in an error a client would not retry: %w", err)
 			return row, firstPassed, nil
@@ -388,7 +320,8 @@ func (e *explorer) check(ctx context.Context, runner *atomicphase.Runner, trial 
 	var replay *atomicphase.Response
 	var err error
 	for range e.sc.MaxAttempts {
-		if replay, err = attemptOnce(ctx, runner, trial); err == nil || isFinalError(err) {
+		// Retryable is false for nil too: stop at any final answer.
+		if replay, err = attemptOnce(ctx, runner, trial); !atomicphase.Retryable(err) {
 			break
 		}
 	}
@@ -409,7 +342,7 @@ func (e *explorer) check(ctx context.Context, runner *atomicphase.Runner, trial 
 func attemptOnce(ctx context.Context, runner *atomicphase.Runner, trial *Trial) (resp *atomicphase.Response, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			ip, ok := p.(*InjectedPanic)
+			ip, ok := p.(*faultinject.InjectedPanic)
 			if !ok {
 				panic(p)
 			}
@@ -419,27 +352,8 @@ func attemptOnce(ctx context.Context, runner *atomicphase.Runner, trial *Trial) 
 	return trial.Attempt(ctx, runner)
 }
 
-// isFinalError reports the answers a well-behaved client does not retry:
-// the 4xx family. In-progress and everything transient are retried.
-func isFinalError(err error) bool {
-	return errors.Is(err, atomicphase.ErrFingerprintMismatch) ||
-		errors.Is(err, atomicphase.ErrInvalidKey) ||
-		errors.Is(err, atomicphase.ErrInvalidRequest)
-}
-
-// AgeLocks moves every held lock in the database back by lockTimeout, so the
-// next attempt finds it stale and takes it over through the ordinary
-// acquisition path: the passage of time after a crash, without the wait.
-func AgeLocks(ctx context.Context, db interface {
-	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
-}, lockTimeout time.Duration) error {
-	_, err := db.Exec(ctx, `UPDATE idempotency_keys SET locked_at = locked_at - $1 * interval '1 microsecond'
-		WHERE locked_at IS NOT NULL`, lockTimeout.Microseconds())
-	return err
-}
-
-func uniquePoints(passed []Passed) []Passed {
-	var out []Passed
+func uniquePoints(passed []faultinject.Passed) []faultinject.Passed {
+	var out []faultinject.Passed
 	seen := map[atomicphase.FaultPoint]bool{}
 	for _, p := range passed {
 		if !seen[p.Point] {
@@ -452,11 +366,11 @@ func uniquePoints(passed []Passed) []Passed {
 
 // applicable says whether an action can do anything at a point:
 // TerminateBackend needs a held connection, LoseCommitAck a commit to come.
-func applicable(a Action, p Passed) bool {
+func applicable(a faultinject.Action, p faultinject.Passed) bool {
 	switch a {
-	case TerminateBackend:
+	case faultinject.TerminateBackend:
 		return p.HasConn
-	case LoseCommitAck:
+	case faultinject.LoseCommitAck:
 		return p.HasConn && p.Point.Place == atomicphase.BeforeCommit
 	}
 	return true
@@ -465,10 +379,10 @@ func applicable(a Action, p Passed) bool {
 // switchable lets the explorer change the injector between attempts of one
 // Runner.
 type switchable struct {
-	inj atomic.Pointer[Injector]
+	inj atomic.Pointer[faultinject.Injector]
 }
 
-func (s *switchable) set(inj *Injector) { s.inj.Store(inj) }
+func (s *switchable) set(inj *faultinject.Injector) { s.inj.Store(inj) }
 
 func (s *switchable) InjectFault(ctx context.Context, at atomicphase.FaultPoint, conn *pgx.Conn) error {
 	return s.inj.Load().InjectFault(ctx, at, conn)

@@ -1,7 +1,28 @@
-// Package fakestripe is a small Stripe-compatible payment API for examples
-// and tests: POST /v1/charges, deduplicated by Idempotency-Key as Stripe
-// does, declining every customer id that contains "declined", and counting
-// the distinct charges it made so tests can assert "charged exactly once".
+// Package fakestripe is a small Stripe-compatible payment API for tests and
+// examples: a real HTTP server on a loopback port, so a workflow's foreign
+// phase can call it through any HTTP client, the Stripe Go client included,
+// and a test can then assert "charged exactly once".
+//
+// It serves one endpoint, POST /v1/charges, with a form body (amount,
+// currency, customer, description), and answers as Stripe does:
+//
+//   - 200 and a charge object whose id starts with ch_ for a new charge;
+//   - the stored first answer again, byte for byte, with the header
+//     Idempotent-Replayed: true, for a repeated Idempotency-Key with the same
+//     parameters (a request without a key is a new charge every time);
+//   - 400 with error type idempotency_error for a key reused with other
+//     parameters, and nothing charged;
+//   - 402 with error type card_error (code card_declined) for every customer
+//     id that contains "declined";
+//   - 400 with error type invalid_request_error for a missing customer or an
+//     amount that is not a positive integer, stored under no key (Stripe
+//     keeps only answers its endpoint got to decide);
+//   - 500 with error type api_error, nothing charged and nothing stored, for
+//     the requests FailNext asked to fail.
+//
+// Charges lists the distinct charges made and Requests counts the requests
+// received, repeats included. The package imports no test machinery, so a
+// development server may start it in process too.
 package fakestripe
 
 import (
@@ -16,9 +37,12 @@ import (
 	"time"
 )
 
-// Server is a running fake payment API.
+// Server is a running fake payment API. Its methods are safe for concurrent
+// use.
 type Server struct {
-	// URL is the base URL to give a Stripe client (no trailing /v1).
+	// URL is the server's base URL, http://127.0.0.1:PORT, to give a Stripe
+	// client as its API base (without /v1; the endpoint is
+	// URL+"/v1/charges").
 	URL string
 
 	srv *http.Server
@@ -33,9 +57,15 @@ type Server struct {
 
 // Charge is a successful charge the fake made.
 type Charge struct {
-	ID             string
-	Customer       string
-	Amount         int64
+	// ID is the charge's id: ch_fake_ and a six-digit sequence number,
+	// starting at ch_fake_000001 on each Server.
+	ID string
+	// Customer is the customer parameter the charge was made for.
+	Customer string
+	// Amount is the amount parameter, in the currency's smallest unit.
+	Amount int64
+	// IdempotencyKey is the Idempotency-Key header of the request that
+	// made the charge, or "" for a request without one.
 	IdempotencyKey string
 }
 
@@ -45,7 +75,8 @@ type stored struct {
 	body   []byte
 }
 
-// Start listens on a free loopback port and serves the fake API.
+// Start listens on a free loopback port and serves the fake API until
+// Close.
 func Start() (*Server, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -59,29 +90,33 @@ func Start() (*Server, error) {
 	return s, nil
 }
 
-// Close stops the server.
+// Close stops the server, waiting up to five seconds for requests in
+// flight.
 func (s *Server) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	return s.srv.Shutdown(ctx)
 }
 
-// Charges returns the distinct successful charges made so far.
+// Charges returns the distinct successful charges made so far, in order. A
+// replayed request adds none.
 func (s *Server) Charges() []Charge {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]Charge(nil), s.charges...)
 }
 
-// Requests counts charge requests received, repeats included.
+// Requests counts the charge requests received so far, replays, failures
+// and rejections included.
 func (s *Server) Requests() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.requests
 }
 
-// FailNext makes the next n charge requests fail with a 500 and no effect,
-// as a payment API having a bad moment would.
+// FailNext makes the next n charge requests fail with a 500, charging
+// nothing and storing nothing under their keys, as a payment API having a
+// bad moment would: a retry with the same key then charges.
 func (s *Server) FailNext(n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -108,7 +143,8 @@ func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
 		if prev, ok := s.byKey[key]; ok {
 			if prev.params != params {
 				writeJSON(w, 400, errorBody("idempotency_error", "",
-					"Keys for idempotent requests can only be used with the same parameters they were first used with."))
+					"Keys for idempotent requests can only be used with the same parameters they were first used with. "+
+						"Try using a key other than '"+key+"' if you meant to execute a different request."))
 				return
 			}
 			w.Header().Set("Idempotent-Replayed", "true")
@@ -117,7 +153,10 @@ func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	status, body := s.charge(r.PostForm, key)
-	if key != "" {
+	// Like Stripe, keep only answers the endpoint got to decide: a request
+	// that failed validation stores nothing, so a corrected one may reuse
+	// the key.
+	if key != "" && status != http.StatusBadRequest {
 		s.byKey[key] = stored{params: params, status: status, body: body}
 	}
 	writeRaw(w, status, body)

@@ -1,0 +1,19 @@
+package atomicphasetest
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// AgeLocks moves every held lock in the database back by lockTimeout, so the
+// next attempt finds it stale and takes it over through the ordinary
+// acquisition path: the passage of time after a crash, without the wait.
+func AgeLocks(ctx context.Context, db interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, lockTimeout time.Duration) error {
+	_, err := db.Exec(ctx, `UPDATE idempotency_keys SET locked_at = locked_at - $1 * interval '1 microsecond'
+		WHERE locked_at IS NOT NULL`, lockTimeout.Microseconds())
+	return err
+}

@@ -1,0 +1,42 @@
+// Package atomicphasetest is atomicphase's test support: a real, migrated
+// PostgreSQL database per test, and the fault explorer that runs a workflow
+// through every fault point × action and checks its invariants. Fake
+// downstreams live beside it, in atomicphasetest/fakestripe. Applications
+// test their own workflows with it the way atomicphase tests itself: against
+// the real key store, never a mock.
+//
+// # Databases
+//
+// The server comes from, in order: TEST_DATABASE_URL or DATABASE_URL if set
+// (the role needs CREATEDB); else a throwaway cluster started from local
+// PostgreSQL binaries (found on PATH or under /usr/lib/postgresql/*/bin; when
+// the process runs as root, the server runs as the postgres OS user); else a
+// container started through dockertest when a Docker engine answers; else
+// the test fails naming all three options.
+//
+// Each NewDB call gets its own database, cloned in milliseconds from a
+// template that was migrated once per process. A throwaway cluster lives in
+// /dev/shm when there is room, where a clone takes ~20ms instead of ~300ms.
+// A throwaway server and its temporary directory are removed when the test
+// binary exits, even if it is killed: a watchdog process outlives it just
+// long enough to clean up.
+//
+//	func TestMain(m *testing.M) { os.Exit(atomicphasetest.Main(m)) }
+//
+//	func TestCharge(t *testing.T) {
+//		db := atomicphasetest.NewDB(t, nil)
+//		runner, err := atomicphase.NewRunner(db.Pool, nil)
+//		...
+//	}
+//
+// # Exploring faults
+//
+// Explore runs a Scenario once cleanly, recording the fault points it
+// passes, then once more per point × action with that fault injected
+// (through the faultinject package), each on a clean database, retrying
+// like a client until a final answer and checking the invariants after each.
+// See Scenario, and docs/fault-injection.md in the repository.
+//
+// This package imports testing and a Docker client: use it from tests and
+// development tools, never from a server's import path.
+package atomicphasetest

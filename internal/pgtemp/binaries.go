@@ -1,0 +1,52 @@
+package pgtemp
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+)
+
+// ErrNoBinaries is wrapped by Start's error when no PostgreSQL server
+// binaries were found.
+var ErrNoBinaries = errors.New("no initdb and postgres on PATH or under /usr/lib/postgresql/*/bin")
+
+// findBinaries returns the directory holding initdb and postgres: the one
+// initdb on PATH resolves to, else the newest /usr/lib/postgresql/*/bin
+// (where Debian and Ubuntu put them, off PATH).
+func findBinaries() (string, error) {
+	if p, err := exec.LookPath("initdb"); err == nil {
+		dir := filepath.Dir(p)
+		if resolved, err := filepath.EvalSymlinks(p); err == nil {
+			dir = filepath.Dir(resolved)
+		}
+		if hasBinaries(dir) {
+			return dir, nil
+		}
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	// Newest major version first.
+	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
+	for _, dir := range dirs {
+		if hasBinaries(dir) {
+			return dir, nil
+		}
+	}
+	return "", ErrNoBinaries
+}
+
+func hasBinaries(dir string) bool {
+	for _, name := range []string{"initdb", "postgres"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+func versionOf(binDir string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return v
+}

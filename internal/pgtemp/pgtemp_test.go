@@ -1,0 +1,99 @@
+package pgtemp
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		childServer()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// needBinaries skips a test on a machine without PostgreSQL binaries: the
+// harness above this package falls back to Docker there.
+func needBinaries(t *testing.T) {
+	t.Helper()
+	if _, err := findBinaries(); err != nil {
+		t.Skip("needs local PostgreSQL binaries:", err)
+	}
+}
+
+func TestStartServesAndStopRemovesEverything(t *testing.T) {
+	t.Parallel()
+	needBinaries(t)
+	ctx := context.Background()
+	srv, err := Start(ctx)
+	require.NoError(t, err)
+	require.DirExists(t, srv.dir)
+	require.NotEmpty(t, srv.Bin)
+
+	conn, err := pgx.Connect(ctx, srv.URL)
+	require.NoError(t, err)
+	var user string
+	require.NoError(t, conn.QueryRow(ctx, "SELECT current_user").Scan(&user))
+	require.Equal(t, "postgres", user)
+	require.NoError(t, conn.Close(ctx))
+
+	require.NoError(t, srv.Stop())
+	require.NoDirExists(t, srv.dir)
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err = pgx.Connect(cctx, srv.URL)
+	require.Error(t, err, "the server is down")
+	require.NoError(t, srv.Stop(), "a second Stop does nothing")
+	require.NoError(t, (*Server)(nil).Stop())
+}
+
+func TestFindBinariesNamesWhereItLooked(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	if _, err := findBinaries(); err != nil {
+		require.ErrorIs(t, err, ErrNoBinaries)
+		require.ErrorContains(t, err, "/usr/lib/postgresql/*/bin")
+		return
+	}
+	// Debian's layout is off PATH and still found.
+	dir, err := findBinaries()
+	require.NoError(t, err)
+	require.True(t, hasBinaries(dir))
+}
+
+func TestURLFromEnv(t *testing.T) {
+	t.Setenv("TEST_DATABASE_URL", "")
+	t.Setenv("DATABASE_URL", "")
+	require.Empty(t, URLFromEnv())
+	t.Setenv("DATABASE_URL", "postgres://app")
+	require.Equal(t, "postgres://app", URLFromEnv())
+	t.Setenv("TEST_DATABASE_URL", "postgres://test")
+	require.Equal(t, "postgres://test", URLFromEnv(), "the test URL wins")
+}
+
+func TestRedactHidesPassword(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "postgres://u:***@h/db", Redact("postgres://u:secret@h/db"))
+	require.Equal(t, "postgres://u@h/db", Redact("postgres://u@h/db"))
+	require.Equal(t, "host=h dbname=d", Redact("host=h dbname=d"))
+}
+
+const childEnv = "PGTEMP_CHILD"
+
+// childServer is the child of TestKilledProcessLeavesNothingBehind: it
+// starts a server, reports it, and waits to be killed.
+func childServer() {
+	srv, err := Start(context.Background())
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	fmt.Println(srv.URL, srv.dir)
+	time.Sleep(time.Minute)
+}
