@@ -36,7 +36,12 @@ func ExampleOpen() {
 	}
 	defer db.Close()
 
-	greet := atomicphase.MustWorkflow("greet", []atomicphase.Phase[greeting]{
+	start := func(in struct {
+		Name string `json:"name"`
+	}, _ *atomicphase.Request) (greeting, error) {
+		return greeting{Name: in.Name}, nil
+	}
+	greet := atomicphase.MustWorkflow("greet", start, []atomicphase.Phase[greeting]{
 		atomicphase.Local("insert", func(ctx context.Context, tx pgx.Tx, g *greeting) (atomicphase.Outcome, error) {
 			if err := tx.QueryRow(ctx, `INSERT INTO greetings (name) VALUES ($1) RETURNING id`, g.Name).Scan(&g.ID); err != nil {
 				return atomicphase.Outcome{}, err

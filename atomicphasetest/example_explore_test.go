@@ -25,7 +25,8 @@ type payment struct {
 // newCheckout charges at the payment API (a foreign phase: no transaction
 // open during the call, the derived key on it), then records the charge.
 func newCheckout(paymentsURL string) *atomicphase.Workflow[payment] {
-	return atomicphase.MustWorkflow("checkout", []atomicphase.Phase[payment]{
+	start := func(struct{}, *atomicphase.Request) (payment, error) { return payment{}, nil } // no input
+	return atomicphase.MustWorkflow("checkout", start, []atomicphase.Phase[payment]{
 		atomicphase.Foreign("charge", func(ctx context.Context, call *atomicphase.ForeignCall, p *payment) error {
 			client := &http.Client{Transport: call.Transport(nil), Timeout: 5 * time.Second}
 			resp, err := client.Post(paymentsURL+"/v1/charges", "application/x-www-form-urlencoded",

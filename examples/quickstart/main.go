@@ -28,6 +28,12 @@ import (
 )
 
 // order is the workflow's state, committed with every phase.
+// orderInput is what a client sends; order is what the phases keep.
+type orderInput struct {
+	Item   string `json:"item"`
+	Amount int    `json:"amount"`
+}
+
 type order struct {
 	Item     string `json:"item"`
 	Amount   int    `json:"amount"`
@@ -144,7 +150,8 @@ func run(ctx context.Context) error {
 
 	var orders int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM quickstart_orders WHERE charge_id IS NOT NULL AND id IN (
-		SELECT (state->>'order_id')::bigint FROM idempotency_keys WHERE idempotency_key LIKE '%-' || $1)`, fmt.Sprint(run)).Scan(&orders); err != nil {
+		SELECT (convert_from(response_body, 'UTF8')::jsonb->>'order_id')::bigint
+		FROM idempotency_keys WHERE idempotency_key LIKE '%-' || $1)`, fmt.Sprint(run)).Scan(&orders); err != nil {
 		return err
 	}
 	fmt.Printf("   payment API: %d charge requests, %d distinct charges · database: %d orders for 2 keys\n",
@@ -156,7 +163,13 @@ func run(ctx context.Context) error {
 }
 
 func newOrderWorkflow(paymentsURL string) *atomicphase.Workflow[order] {
-	return atomicphase.MustWorkflow("create_order", []atomicphase.Phase[order]{
+	start := func(in orderInput, _ *atomicphase.Request) (order, error) {
+		if in.Item == "" || in.Amount <= 0 {
+			return order{}, errors.New("an order needs an item and a positive amount")
+		}
+		return order{Item: in.Item, Amount: in.Amount}, nil
+	}
+	return atomicphase.MustWorkflow("create_order", start, []atomicphase.Phase[order]{
 		atomicphase.Local("create_order", func(ctx context.Context, tx pgx.Tx, o *order) (atomicphase.Outcome, error) {
 			err := tx.QueryRow(ctx, `INSERT INTO quickstart_orders (item, amount) VALUES ($1, $2) RETURNING id`,
 				o.Item, o.Amount).Scan(&o.OrderID)

@@ -34,6 +34,11 @@ func Setup(ctx context.Context, pool *pgxpool.Pool) error {
 	return err
 }
 
+// OrderInput is what an order request carries.
+type OrderInput struct {
+	Item string `json:"item"`
+}
+
 // Order is the workflow's state.
 type Order struct {
 	Item     string `json:"item"`
@@ -48,7 +53,8 @@ type Flaw int
 const (
 	// Sound is the correct workflow.
 	Sound Flaw = iota
-	// RandomKey sends a fresh idempotency key downstream on every attempt.
+	// RandomKey makes its call through ForeignCall.Do but ignores the key
+	// it is handed, sending a fresh one on every attempt.
 	RandomKey
 	// OutsideGuard makes its foreign call inside a local phase, unguarded.
 	OutsideGuard
@@ -80,7 +86,10 @@ func Workflow(url string, pool *pgxpool.Pool, f Flaw) *atomicphase.Workflow[Orde
 		err = json.NewDecoder(resp.Body).Decode(&ch)
 		return ch.ID, err
 	}
-	return atomicphase.MustWorkflow("shop", []atomicphase.Phase[Order]{
+	start := func(in OrderInput, _ *atomicphase.Request) (Order, error) {
+		return Order{Item: in.Item}, nil
+	}
+	return atomicphase.MustWorkflow("shop", start, []atomicphase.Phase[Order]{
 		atomicphase.Local("create_order", func(ctx context.Context, tx pgx.Tx, o *Order) (atomicphase.Outcome, error) {
 			var db interface {
 				QueryRow(context.Context, string, ...any) pgx.Row
@@ -102,11 +111,15 @@ func Workflow(url string, pool *pgxpool.Pool, f Flaw) *atomicphase.Workflow[Orde
 			if f == OutsideGuard {
 				return nil // already charged, unguarded
 			}
-			key := "" // the guarded transport sets the derived key
 			if f == RandomKey {
-				key = randomHex() // the flaw: a new key on every attempt
+				return call.Do(ctx, func(ctx context.Context, _ string) error {
+					id, err := charge(ctx, http.DefaultClient, randomHex()) // the flaw: a new key on every attempt
+					o.ChargeID = id
+					return err
+				})
 			}
-			id, err := charge(ctx, &http.Client{Transport: call.Transport(nil), Timeout: 5 * time.Second}, key)
+			// The guarded transport sets the derived key.
+			id, err := charge(ctx, &http.Client{Transport: call.Transport(nil), Timeout: 5 * time.Second}, "")
 			o.ChargeID = id
 			return err
 		}, nil),

@@ -36,43 +36,47 @@ const (
 	Currency = "usd"
 )
 
+// RideInput is what a client sends to book a ride: the four coordinates,
+// each required. What the phases compute (the ride, the charge, a decline)
+// lives in Ride, which no request body can reach.
+type RideInput struct {
+	OriginLat *float64 `json:"origin_lat"`
+	OriginLon *float64 `json:"origin_lon"`
+	TargetLat *float64 `json:"target_lat"`
+	TargetLon *float64 `json:"target_lon"`
+}
+
 // NewWorkflow builds create_ride: record the ride (and an audit record),
 // charge the card at the payment API at stripeBase, stage the receipt job
 // and respond 201. A declined card is a stored 402.
 func NewWorkflow(stripeBase string) *atomicphase.Workflow[Ride] {
-	return atomicphase.MustWorkflow("create_ride", []atomicphase.Phase[Ride]{
+	return atomicphase.MustWorkflow("create_ride", startRide, []atomicphase.Phase[Ride]{
 		atomicphase.Local("create_ride", createRide),
 		atomicphase.Foreign("charge", chargeFunc(stripeBase), recordCharge),
 		atomicphase.Local("send_receipt", sendReceipt),
-	}, &atomicphase.WorkflowOpts[Ride]{Start: startRide})
+	}, nil)
 }
 
-// startRide validates the body before anything is stored: a 422 for a bad
+// startRide validates the input before anything is stored: a 422 for a bad
 // body leaves the key free for a corrected retry.
-func startRide(req *atomicphase.Request) (Ride, error) {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(req.Params, &fields); err != nil || fields == nil {
-		return Ride{}, errors.New("the body must be a JSON object")
-	}
+func startRide(in RideInput, req *atomicphase.Request) (Ride, error) {
 	r := Ride{Email: req.Scope, Key: req.Key}
 	for _, f := range []struct {
 		name  string
 		limit float64
+		src   *float64
 		dst   *float64
 	}{
-		{"origin_lat", 90, &r.OriginLat}, {"origin_lon", 180, &r.OriginLon},
-		{"target_lat", 90, &r.TargetLat}, {"target_lon", 180, &r.TargetLon},
+		{"origin_lat", 90, in.OriginLat, &r.OriginLat}, {"origin_lon", 180, in.OriginLon, &r.OriginLon},
+		{"target_lat", 90, in.TargetLat, &r.TargetLat}, {"target_lon", 180, in.TargetLon, &r.TargetLon},
 	} {
-		raw, ok := fields[f.name]
-		if !ok {
-			return Ride{}, fmt.Errorf("%s is required", f.name)
+		if f.src == nil {
+			return Ride{}, fmt.Errorf("%s is required, as a number", f.name)
 		}
-		if string(raw) == "null" || json.Unmarshal(raw, f.dst) != nil {
-			return Ride{}, fmt.Errorf("%s must be a number", f.name)
-		}
-		if *f.dst < -f.limit || *f.dst > f.limit {
+		if *f.src < -f.limit || *f.src > f.limit {
 			return Ride{}, fmt.Errorf("%s must be within [-%g, %g]", f.name, f.limit, f.limit)
 		}
+		*f.dst = *f.src
 	}
 	return r, nil
 }
