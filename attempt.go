@@ -25,12 +25,14 @@ type attempt struct {
 	token int64
 	// salt is the key row's downstream salt ("" on rows older than it).
 	salt string
+	// attempts counts the acquisitions of the key, this one included.
+	attempts int
 }
 
 // newAttempt makes the attempt for a key acquisition took, from the row it
 // returned.
 func newAttempt(r *Runner, wf AnyWorkflow, scope, key string, row *keyRow) *attempt {
-	a := &attempt{r: r, wf: wf, scope: scope, key: key, token: row.LockToken}
+	a := &attempt{r: r, wf: wf, scope: scope, key: key, token: row.LockToken, attempts: row.Attempts}
 	if row.DownstreamSalt != nil {
 		a.salt = *row.DownstreamSalt
 	}
@@ -48,13 +50,14 @@ type phaseResult struct {
 // responds or fails.
 func (a *attempt) run(ctx context.Context, row *keyRow) (resp *Response, err error) {
 	if row.RecoveryPoint != RecoveryPointStarted {
-		a.r.log(ctx, slog.LevelInfo, "atomicphase: resuming key", "workflow", a.wf.Name(), "recovery_point", row.RecoveryPoint)
+		a.log(ctx, slog.LevelInfo, "atomicphase: resuming key", "recovery_point", row.RecoveryPoint, "attempt", a.attempts)
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			// Unlock so a retry can resume, then let the panic go on.
-			if uerr := a.r.unlock(ctx, a.scope, a.key, a.token); uerr != nil {
-				a.r.log(ctx, slog.LevelError, "atomicphase: unlock after panic failed", "error", uerr)
+			// Release so a retry can resume, then let the panic go on.
+			why := fmt.Errorf("panic: %v", p)
+			if uerr := a.r.release(ctx, a.scope, a.key, a.token, why, a.r.cfg.attemptBackoff(a.attempts), false); uerr != nil {
+				a.log(ctx, slog.LevelError, "atomicphase: unlock after panic failed", "error", uerr)
 			}
 			panic(p)
 		}
@@ -76,7 +79,7 @@ func (a *attempt) run(ctx context.Context, row *keyRow) (resp *Response, err err
 			return nil, a.fail(ctx, row.RecoveryPoint, Permanent(ErrNoResponse))
 		}
 		st := &steps[idx]
-		res, err := a.runPhase(ctx, idx, st, state)
+		res, err := a.observedPhase(ctx, idx, st, state)
 		if err != nil {
 			return nil, a.fail(ctx, st.name, err)
 		}
@@ -85,6 +88,23 @@ func (a *attempt) run(ctx context.Context, row *keyRow) (resp *Response, err err
 		}
 		idx, state = res.nextIdx, res.state
 	}
+}
+
+// observedPhase runs a phase under its span and reports how it ended.
+func (a *attempt) observedPhase(ctx context.Context, idx int, st *step, state []byte) (phaseResult, error) {
+	if a.r.cfg.Observer == nil {
+		return a.runPhase(ctx, idx, st, state)
+	}
+	start := time.Now()
+	ctx, end := a.r.span(ctx, Span{Kind: SpanPhase, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name})
+	res, err := a.runPhase(ctx, idx, st, state)
+	end(err)
+	e := Event{Kind: EventPhaseCommitted, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name, Duration: time.Since(start)}
+	if err != nil {
+		e.Kind, e.Err = EventPhaseFailed, err
+	}
+	a.r.observe(ctx, e)
+	return res, err
 }
 
 // runPhase makes a foreign phase's call (once), then commits the phase,
@@ -117,7 +137,7 @@ func (a *attempt) runPhase(ctx context.Context, idx int, st *step, state []byte)
 		if err == nil || !isConflict(err) || try >= a.r.cfg.PhaseRetries {
 			return res, err
 		}
-		a.r.log(ctx, slog.LevelInfo, "atomicphase: retrying phase", "workflow", a.wf.Name(), "phase", st.name, "try", try+1, "error", err)
+		a.log(ctx, slog.LevelInfo, "atomicphase: retrying phase", "phase", st.name, "try", try+1, "error", err)
 		if err := sleepJitter(ctx, a.r.cfg.retryBackoff(try)); err != nil {
 			return res, err
 		}
@@ -219,26 +239,42 @@ func (a *attempt) route(idx int, st *step, out Outcome, state []byte) (phaseResu
 	}
 }
 
-// fail turns a phase failure into Run's error: a permanent failure parks the
-// key, any other unlocks it, except when the attempt crashed (a dead process
-// unlocks nothing) or lost the lock (it is no longer ours to unlock).
+// fail turns a phase failure into Run's error and releases the key, except
+// when the attempt crashed (a dead process releases nothing) or lost the
+// lock (it is no longer ours). A permanent failure, or a failure of the
+// key's last allowed attempt (Config.MaxAttempts), parks the key; any other
+// failure records the error and when the sweep may try the key again.
 func (a *attempt) fail(ctx context.Context, phase string, err error) error {
+	parked := false
 	switch {
 	case errors.Is(err, ErrCrashed):
 		return err
 	case errors.Is(err, ErrLockLost):
-		a.r.log(ctx, slog.LevelWarn, "atomicphase: lock lost to a newer attempt", "workflow", a.wf.Name(), "phase", phase)
-	case errors.Is(err, ErrPermanent):
-		a.r.log(ctx, slog.LevelError, "atomicphase: key parked after a permanent failure", "workflow", a.wf.Name(), "phase", phase, "error", err)
-		if perr := a.r.park(ctx, a.scope, a.key, a.token, fmt.Errorf("phase %q: %w", phase, err)); perr != nil {
-			err = errors.Join(err, fmt.Errorf("park: %w", perr))
-		}
+		a.log(ctx, slog.LevelWarn, "atomicphase: lock lost to a newer attempt", "phase", phase)
+		a.r.observe(ctx, Event{Kind: EventLockLost, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: phase})
 	default:
-		if uerr := a.r.unlock(ctx, a.scope, a.key, a.token); uerr != nil {
-			err = errors.Join(err, fmt.Errorf("unlock: %w", uerr))
+		why := fmt.Errorf("phase %q: %w", phase, err)
+		if phase == "" {
+			why = err
+		}
+		park := errors.Is(err, ErrPermanent) || a.attempts >= a.r.cfg.MaxAttempts
+		if park && !errors.Is(err, ErrPermanent) {
+			why = fmt.Errorf("attempt %d of %d failed: %w", a.attempts, a.r.cfg.MaxAttempts, why)
+		}
+		if rerr := a.r.release(ctx, a.scope, a.key, a.token, why, a.r.cfg.attemptBackoff(a.attempts), park); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("unlock: %w", rerr))
+		} else if park {
+			parked = true
+			a.log(ctx, slog.LevelError, "atomicphase: key parked", "phase", phase, "error", why)
+			a.r.observe(ctx, Event{Kind: EventParked, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: phase, Err: why})
 		}
 	}
-	return &PhaseError{Workflow: a.wf.Name(), Phase: phase, Err: err}
+	return &PhaseError{Workflow: a.wf.Name(), Phase: phase, Err: err, Parked: parked}
+}
+
+// log logs msg about this attempt's key.
+func (a *attempt) log(ctx context.Context, level slog.Level, msg string, args ...any) {
+	a.r.logKey(ctx, level, msg, a.wf.Name(), a.scope, a.key, args...)
 }
 
 // fault passes the fault point place of phase (see Config.FaultInjector).

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -17,6 +18,10 @@ const (
 	DefaultMaxKeyLength = 255
 	DefaultPhaseRetries = 5
 	DefaultRetryBackoff = 10 * time.Millisecond
+
+	DefaultMaxAttempts       = 25
+	DefaultAttemptBackoff    = time.Second
+	DefaultMaxAttemptBackoff = time.Hour
 )
 
 // Config configures a Runner. A nil *Config means all defaults.
@@ -42,6 +47,38 @@ type Config struct {
 	// phase retries: the n-th retry sleeps a random duration in
 	// [0, RetryBackoff·2^n). Defaults to 10ms.
 	RetryBackoff time.Duration
+
+	// MaxAttempts is how many attempts (client retries and the sweep's
+	// resumes together) an unfinished key gets before a failing one is
+	// parked for an operator: the sweep stops trying it, while a client
+	// retry still resumes it. Defaults to 25.
+	MaxAttempts int
+
+	// AttemptBackoff is the base of the backoff between the sweep's tries of
+	// a key whose attempt failed: after attempt n the key rests a random
+	// duration in [½, 1] × AttemptBackoff·2^(n-1), at most MaxAttemptBackoff.
+	// Client retries are not held back. Defaults to 1s.
+	AttemptBackoff time.Duration
+
+	// MaxAttemptBackoff caps AttemptBackoff's growth. Defaults to 1h.
+	MaxAttemptBackoff time.Duration
+
+	// MaxUnfinishedPerScope, when positive, refuses a new key (ErrTooManyKeys,
+	// 429 over HTTP) while its scope already has that many unfinished keys:
+	// a defence against a caller spraying keys by the thousand. It costs a
+	// count on the scope's unfinished keys for each new key, so it is
+	// checked only when set. Defaults to 0 (no limit).
+	MaxUnfinishedPerScope int
+
+	// Observer is told of every decision the Runner and its Sweeper make,
+	// and opens a span around every request and phase; see Observer.
+	// Defaults to nil (nothing observed, at the cost of a nil check).
+	Observer Observer
+
+	// RedactKey, if set, rewrites the scope and key before they reach a log
+	// line or an Observer's span and event attributes (a hash of them, say):
+	// both are the user's data. Defaults to nil (logged as they are).
+	RedactKey func(scope, key string) (string, string)
 
 	// Schema is the PostgreSQL schema that holds the key table and the
 	// functions, as given to Migrate (MigrateOpts.Schema). Defaults to ""
@@ -90,6 +127,27 @@ func (c *Config) withDefaults() (Config, error) {
 	case out.RetryBackoff < 0:
 		errs = append(errs, fmt.Errorf("Config.RetryBackoff is %s; use a positive duration, or 0 for the default %s", out.RetryBackoff, DefaultRetryBackoff))
 	}
+	switch {
+	case out.MaxAttempts == 0:
+		out.MaxAttempts = DefaultMaxAttempts
+	case out.MaxAttempts < 0:
+		errs = append(errs, fmt.Errorf("Config.MaxAttempts is %d; use a positive count, or 0 for the default %d", out.MaxAttempts, DefaultMaxAttempts))
+	}
+	switch {
+	case out.AttemptBackoff == 0:
+		out.AttemptBackoff = DefaultAttemptBackoff
+	case out.AttemptBackoff < 0:
+		errs = append(errs, fmt.Errorf("Config.AttemptBackoff is %s; use a positive duration, or 0 for the default %s", out.AttemptBackoff, DefaultAttemptBackoff))
+	}
+	switch {
+	case out.MaxAttemptBackoff == 0:
+		out.MaxAttemptBackoff = max(DefaultMaxAttemptBackoff, out.AttemptBackoff)
+	case out.MaxAttemptBackoff < out.AttemptBackoff:
+		errs = append(errs, fmt.Errorf("Config.MaxAttemptBackoff is %s, below AttemptBackoff %s; raise it, or 0 for the default %s", out.MaxAttemptBackoff, out.AttemptBackoff, DefaultMaxAttemptBackoff))
+	}
+	if out.MaxUnfinishedPerScope < 0 {
+		errs = append(errs, fmt.Errorf("Config.MaxUnfinishedPerScope is %d; use a positive count, or 0 for no limit", out.MaxUnfinishedPerScope))
+	}
 	if err := checkSchemaName("Config.Schema", out.Schema); err != nil {
 		errs = append(errs, err)
 	}
@@ -106,6 +164,18 @@ func (c *Config) retryBackoff(try int) time.Duration {
 		return math.MaxInt64 // RetryBackoff·2^try would overflow
 	}
 	return c.RetryBackoff << try
+}
+
+// attemptBackoff is how long a key whose attempt number attempts failed
+// rests before the sweep tries it again: AttemptBackoff doubled per earlier
+// attempt, capped at MaxAttemptBackoff, jittered down by up to half so that
+// keys that failed together do not return together.
+func (c *Config) attemptBackoff(attempts int) time.Duration {
+	d := c.MaxAttemptBackoff
+	if n := max(attempts-1, 0); n < 62 && c.AttemptBackoff <= c.MaxAttemptBackoff>>n {
+		d = c.AttemptBackoff << n
+	}
+	return d/2 + rand.N(d/2+1)
 }
 
 // checkSchemaName accepts "" (the search_path) or a PostgreSQL identifier

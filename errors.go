@@ -94,6 +94,29 @@ var (
 	ErrPhaseTxControl = errors.New("atomicphase: the runner commits and rolls back phase transactions")
 )
 
+// ErrTooManyKeys means a new key was refused because its scope already has
+// Config.MaxUnfinishedPerScope unfinished keys. The error is a
+// *TooManyKeysError. Nothing was written; a retry once some of the scope's
+// keys finish is processed.
+var ErrTooManyKeys = errors.New("atomicphase: too many unfinished keys in this scope")
+
+// TooManyKeysError is returned (wrapped as ErrTooManyKeys) when a scope has
+// as many unfinished keys as Config.MaxUnfinishedPerScope allows.
+type TooManyKeysError struct {
+	// Limit is Config.MaxUnfinishedPerScope.
+	Limit int
+	// RetryAfter is how long a client should wait before retrying.
+	RetryAfter time.Duration
+}
+
+// Error names the limit.
+func (e *TooManyKeysError) Error() string {
+	return fmt.Sprintf("%s (limit %d; retry after %s)", ErrTooManyKeys.Error(), e.Limit, e.RetryAfter)
+}
+
+// Is reports whether target is ErrTooManyKeys.
+func (e *TooManyKeysError) Is(target error) bool { return target == ErrTooManyKeys }
+
 // InProgressError is returned (wrapped as ErrInProgress) when another attempt
 // holds the key's lock.
 type InProgressError struct {
@@ -120,6 +143,9 @@ type PhaseError struct {
 	Workflow string
 	Phase    string
 	Err      error
+	// Parked is true when the failure parked the key: it was permanent, or
+	// the key's last allowed attempt (Config.MaxAttempts).
+	Parked bool
 }
 
 // Error names the workflow and phase and includes the phase's error.

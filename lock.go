@@ -37,6 +37,9 @@ type keyRow struct {
 	LockToken      int64
 	LockExpiresIn  *float64 // seconds until a live lock goes stale
 	DownstreamSalt *string  // salts the row's downstream keys; nil on rows older than migration 003
+	Attempts       int      // acquisitions of the key so far, this one included
+	TookOver       bool     // this acquisition took a stale lock
+	OverLimit      bool     // a new key refused: its scope has too many unfinished keys
 	ResponseStatus *int
 	ResponseHeader http.Header
 	ResponseBody   []byte
@@ -49,31 +52,35 @@ type keyRow struct {
 // mode (behind PgBouncer, say), where parameter types are not described by
 // the server.
 const acquireSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_acquire(
-	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, $9::bigint)`
+	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, $9::bigint, $10::integer)`
 
 // takeSQL takes an unfinished key that is unlocked or stale, without a
 // request at hand, under the caller's lock token.
 const takeSQL = `
 UPDATE /* TEMPLATE: schema */idempotency_keys AS k
-SET locked_at = now(), lock_token = $4, updated_at = now(), parked_at = NULL
+SET locked_at = now(), lock_token = $4, updated_at = now(), parked_at = NULL,
+    attempts = k.attempts + 1
 WHERE k.scope = $1 AND k.idempotency_key = $2 AND k.response_status IS NULL
   AND /* TEMPLATE: schema */atomicphase_lock_takeable(k.locked_at, /* TEMPLATE: schema */atomicphase_stale_before($3))
-RETURNING k.workflow, k.recovery_point, k.next_phase, k.state, k.lock_token, k.downstream_salt`
+RETURNING k.workflow, k.recovery_point, k.next_phase, k.state, k.lock_token, k.downstream_salt, k.attempts`
 
-// unlockSQL releases a lock this attempt holds, leaving the recovery point
-// where the last committed phase put it.
-const unlockSQL = `
-UPDATE /* TEMPLATE: schema */idempotency_keys SET locked_at = NULL, updated_at = now()
+// releaseSQL releases a lock this attempt holds, leaving the recovery point
+// where the last committed phase put it. With an error ($4) it records why
+// the attempt failed and when the sweep may try the key again ($5
+// microseconds from now); with $6 it parks the key for an operator. Like a
+// checkpoint it is fenced by the token: a release by an attempt that lost
+// the key changes nothing.
+const releaseSQL = `
+UPDATE /* TEMPLATE: schema */idempotency_keys SET
+    locked_at = NULL,
+    updated_at = now(),
+    last_error = coalesce($4::text, last_error),
+    next_attempt_at = CASE WHEN $5::bigint IS NULL THEN next_attempt_at
+                           ELSE now() + $5::bigint * interval '1 microsecond' END,
+    parked_at = CASE WHEN $6::boolean THEN now() ELSE parked_at END
 WHERE scope = $1 AND idempotency_key = $2 AND lock_token = $3 AND response_status IS NULL`
 
-// parkSQL unlocks a key that failed permanently and marks it parked, with
-// the error, for an operator; like a checkpoint it is fenced by the token.
-const parkSQL = `
-UPDATE /* TEMPLATE: schema */idempotency_keys
-SET locked_at = NULL, parked_at = now(), last_error = $4, updated_at = now()
-WHERE scope = $1 AND idempotency_key = $2 AND lock_token = $3 AND response_status IS NULL`
-
-// maxLastError bounds the error text stored on a parked key.
+// maxLastError bounds the error text stored on a key.
 const maxLastError = 2000
 
 // lockLostCode is the SQLSTATE atomicphase_checkpoint raises when the lock
@@ -97,14 +104,16 @@ func (r *Runner) acquire(ctx context.Context, req *Request, workflow string, fp 
 	var row keyRow
 	err := r.pool.QueryRow(ctx, r.sql.acquire,
 		req.Scope, req.Key, workflow, fp[:], req.Method, req.Path, state, r.cfg.LockTimeout.Microseconds(), token,
+		r.maxUnfinished(),
 	).Scan(&row.Acquired, &row.Workflow, &row.Fingerprint, &row.RecoveryPoint, &row.JumpTarget,
 		&row.State, &row.LockToken, &row.LockExpiresIn, &row.DownstreamSalt,
+		&row.Attempts, &row.TookOver, &row.OverLimit,
 		&row.ResponseStatus, &row.ResponseHeader, &row.ResponseBody)
 	if err != nil {
 		if answerMayBeLost(err) {
 			if uerr := r.unlock(ctx, req.Scope, req.Key, token); uerr != nil {
-				r.log(ctx, slog.LevelWarn, "atomicphase: unlock after a lost acquisition answer failed; the key is takeable after the lock timeout",
-					"workflow", workflow, "error", uerr)
+				r.logKey(ctx, slog.LevelWarn, "atomicphase: unlock after a lost acquisition answer failed; the key is takeable after the lock timeout",
+					workflow, req.Scope, req.Key, "error", uerr)
 			}
 		}
 		return nil, err
@@ -132,7 +141,7 @@ func newLockToken() int64 {
 func (r *Runner) take(ctx context.Context, scope, key string, token int64) (*keyRow, error) {
 	row := keyRow{Acquired: true}
 	err := r.pool.QueryRow(ctx, r.sql.take, scope, key, r.cfg.LockTimeout.Microseconds(), token).
-		Scan(&row.Workflow, &row.RecoveryPoint, &row.JumpTarget, &row.State, &row.LockToken, &row.DownstreamSalt)
+		Scan(&row.Workflow, &row.RecoveryPoint, &row.JumpTarget, &row.State, &row.LockToken, &row.DownstreamSalt, &row.Attempts)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -147,23 +156,38 @@ func (r *Runner) take(ctx context.Context, scope, key string, token int64) (*key
 // must not leave its key locked for the lock timeout), bounded by
 // cleanupTimeout. An unlock with a token that moved on changes nothing.
 func (r *Runner) unlock(ctx context.Context, scope, key string, token int64) error {
+	return r.release(ctx, scope, key, token, nil, 0, false)
+}
+
+// release unlocks the key an attempt holds with token. When why is set it
+// records the error and, unless park, when the sweep may try the key again
+// (retryIn from now); park marks the key parked for an operator. Like unlock
+// it runs even when ctx has ended.
+func (r *Runner) release(ctx context.Context, scope, key string, token int64, why error, retryIn time.Duration, park bool) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_, err := r.pool.Exec(ctx, r.sql.unlock, scope, key, token)
+	var msg *string
+	var retryInUS *int64
+	if why != nil {
+		m := boundedError(why)
+		msg = &m
+		if !park {
+			us := retryIn.Microseconds()
+			retryInUS = &us
+		}
+	}
+	_, err := r.pool.Exec(ctx, r.sql.release, scope, key, token, msg, retryInUS, park)
 	return err
 }
 
-// park unlocks a key that failed permanently and marks it parked with why.
-// Like unlock it runs even when ctx has ended.
-func (r *Runner) park(ctx context.Context, scope, key string, token int64, why error) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	msg := strings.ToValidUTF8(strings.ReplaceAll(why.Error(), "\x00", ""), "?")
+// boundedError is err's text as a key row keeps it: valid UTF-8 without NUL,
+// at most maxLastError bytes.
+func boundedError(err error) string {
+	msg := strings.ToValidUTF8(strings.ReplaceAll(err.Error(), "\x00", ""), "?")
 	if len(msg) > maxLastError {
 		msg = strings.ToValidUTF8(msg[:maxLastError], "") + "…"
 	}
-	_, err := r.pool.Exec(ctx, r.sql.park, scope, key, token, msg)
-	return err
+	return msg
 }
 
 // inProgress is the error for a key held by another attempt whose lock goes

@@ -5,8 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
+	"math"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -71,6 +72,17 @@ func (r *Runner) workflow(name string) (AnyWorkflow, bool) {
 	return wf, ok
 }
 
+// workflowNames lists the registered workflows' names.
+func (r *Runner) workflowNames() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	names := make([]string, 0, len(r.workflows))
+	for name := range r.workflows {
+		names = append(names, name)
+	}
+	return names
+}
+
 // Run runs req through wf, once per idempotency key: the first attempt
 // records the key and runs the phases; an attempt finding the key finished
 // replays its stored response (Response.Replayed) without running any
@@ -108,30 +120,75 @@ func (r *Runner) Run(ctx context.Context, wf AnyWorkflow, req Request) (*Respons
 	if err := r.register(wf); err != nil {
 		return nil, err
 	}
+	ctx, end := r.span(ctx, Span{Kind: SpanRequest, Workflow: wf.Name(), Scope: req.Scope, Key: req.Key})
+	resp, err := r.acquireAndRun(ctx, wf, &req, fp, state)
+	end(err)
+	return resp, err
+}
+
+// acquireAndRun is the rest of Run, under the request's span: acquire the
+// key, then explain a refusal or run an attempt.
+func (r *Runner) acquireAndRun(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, state []byte) (*Response, error) {
 	if err := r.fault(ctx, wf.Name(), "", BeforeAcquire, nil); err != nil {
 		return nil, err
 	}
-	row, err := r.acquire(ctx, &req, wf.Name(), fp, state, newLockToken())
+	row, err := r.acquire(ctx, req, wf.Name(), fp, state, newLockToken())
 	if err != nil {
-		return nil, storeError("acquire key", err)
+		err = storeError("acquire key", err)
+		r.observe(ctx, Event{Kind: EventStoreError, Workflow: wf.Name(), Scope: req.Scope, Key: req.Key, Err: err})
+		return nil, err
 	}
+	e := Event{Workflow: wf.Name(), Scope: req.Scope, Key: req.Key}
 	if !row.Acquired {
-		return refused(row, wf.Name(), fp)
+		resp, err := r.refused(row, wf.Name(), fp)
+		switch {
+		case resp != nil:
+			e.Kind = EventReplay
+		case errors.Is(err, ErrFingerprintMismatch):
+			e.Kind = EventKeyMisuse
+		case errors.Is(err, ErrTooManyKeys):
+			e.Kind = EventOverLimit
+		default:
+			e.Kind = EventInProgress
+		}
+		r.observe(ctx, e)
+		return resp, err
 	}
+	switch {
+	case row.Attempts <= 1:
+		e.Kind = EventCreated
+	case row.TookOver:
+		e.Kind = EventTakeover
+	default:
+		e.Kind = EventFailedRetry
+	}
+	r.observe(ctx, e)
 	return newAttempt(r, wf, req.Scope, req.Key, row).run(ctx, row)
 }
 
 // refused explains an acquisition that did not take the key: a key first
-// used with another request, a finished key (replayed), or a key another
-// attempt holds.
-func refused(row *keyRow, workflow string, fp Fingerprint) (*Response, error) {
+// used with another request, a finished key (replayed), a new key over its
+// scope's limit, or a key another attempt holds.
+func (r *Runner) refused(row *keyRow, workflow string, fp Fingerprint) (*Response, error) {
 	if row.Workflow != workflow || !bytes.Equal(row.Fingerprint, fp[:]) {
 		return nil, ErrFingerprintMismatch
 	}
 	if row.ResponseStatus != nil {
 		return &Response{Status: *row.ResponseStatus, Header: row.ResponseHeader, Body: row.ResponseBody, Replayed: true}, nil
 	}
+	if row.OverLimit {
+		return nil, &TooManyKeysError{Limit: r.cfg.MaxUnfinishedPerScope, RetryAfter: time.Second}
+	}
 	return nil, inProgress(row.LockExpiresIn)
+}
+
+// maxUnfinished is atomicphase_acquire's p_max_unfinished: nil for no limit.
+func (r *Runner) maxUnfinished() *int32 {
+	if r.cfg.MaxUnfinishedPerScope <= 0 {
+		return nil
+	}
+	n := int32(min(r.cfg.MaxUnfinishedPerScope, math.MaxInt32))
+	return &n
 }
 
 // Resume continues an unfinished key with no request at hand, from its
@@ -139,13 +196,17 @@ func refused(row *keyRow, workflow string, fp Fingerprint) (*Response, error) {
 // workflow must be registered with this Runner. A finished key returns its
 // stored response; a key never recorded returns ErrKeyNotFound; a key whose
 // workflow is not registered returns ErrUnknownWorkflow and is left unlocked.
-func (r *Runner) Resume(ctx context.Context, scope, key string) (*Response, error) {
+func (r *Runner) Resume(ctx context.Context, scope, key string) (resp *Response, err error) {
 	if err := validateKey(scope, key, r.cfg.MaxKeyLength); err != nil {
 		return nil, err
 	}
+	ctx, end := r.span(ctx, Span{Kind: SpanRequest, Scope: scope, Key: key})
+	defer func() { end(err) }()
 	row, err := r.take(ctx, scope, key, newLockToken())
 	if err != nil {
-		return nil, storeError("resume key", err)
+		err = storeError("resume key", err)
+		r.observe(ctx, Event{Kind: EventStoreError, Scope: scope, Key: key, Err: err})
+		return nil, err
 	}
 	if row == nil {
 		info, err := r.Inspect(ctx, scope, key)
@@ -162,11 +223,6 @@ func (r *Runner) Resume(ctx context.Context, scope, key string) (*Response, erro
 		return nil, errors.Join(fmt.Errorf("%w: %q (key %q)", ErrUnknownWorkflow, row.Workflow, key),
 			r.unlock(ctx, scope, key, row.LockToken))
 	}
+	r.observe(ctx, Event{Kind: EventFailedRetry, Workflow: row.Workflow, Scope: scope, Key: key})
 	return newAttempt(r, wf, scope, key, row).run(ctx, row)
-}
-
-func (r *Runner) log(ctx context.Context, level slog.Level, msg string, args ...any) {
-	if r.cfg.Logger != nil {
-		r.cfg.Logger.Log(ctx, level, msg, args...)
-	}
 }

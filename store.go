@@ -18,15 +18,14 @@ import (
 // and unlocking in lock.go, the checkpoint in recovery_point.go, inspection
 // and the schema check here.
 type statements struct {
-	acquire, take, unlock, park, checkpoint, inspect, checkSchema string
+	acquire, take, release, checkpoint, inspect, checkSchema string
 }
 
 func newStatements(schema string) statements {
 	return statements{
 		acquire:     renderSQL(acquireSQL, schema),
 		take:        renderSQL(takeSQL, schema),
-		unlock:      renderSQL(unlockSQL, schema),
-		park:        renderSQL(parkSQL, schema),
+		release:     renderSQL(releaseSQL, schema),
 		checkpoint:  renderSQL(checkpointSQL, schema),
 		inspect:     renderSQL(inspectSQL, schema),
 		checkSchema: checkSchemaSQL,
@@ -39,9 +38,14 @@ type KeyInfo struct {
 	Key           string
 	Workflow      string
 	RecoveryPoint string
-	// Locked is true while an attempt holds the key.
+	// Status is where the key stands: in progress, stale, abandoned,
+	// parked or finished.
+	Status KeyStatus
+	// Locked is true while the key's lock is set, held by a live attempt
+	// (Status KeyInProgress) or left by a dead or slow one (KeyStale).
 	Locked bool
-	// LockExpiresIn is how long until a held lock goes stale, in seconds.
+	// LockExpiresIn is how long until a held lock goes stale, in seconds;
+	// negative once it has.
 	LockExpiresIn *float64
 	// LockToken is the token of the latest acquisition (drawn at random).
 	LockToken int64
@@ -49,33 +53,67 @@ type KeyInfo struct {
 	// bytes exactly as stored. It is nil once the key is finished, unless
 	// the workflow keeps it (WorkflowOpts.KeepFinishedState).
 	State []byte
-	// ParkedAt is when the key failed permanently, nil unless it is
-	// parked; LastError says why.
-	ParkedAt  *time.Time
+	// Attempts counts the acquisitions that took the key.
+	Attempts int
+	// LastError is why the key's last failed attempt failed.
 	LastError *string
+	// NextAttemptAt is when the sweep may try the key again after a failed
+	// attempt; nil when it may at once.
+	NextAttemptAt *time.Time
+	// ParkedAt is when the key was parked (it failed permanently, or
+	// Config.MaxAttempts times); nil unless it is.
+	ParkedAt *time.Time
 	// Response is the stored response once the key is finished.
-	Response  *Response
-	CreatedAt time.Time
-	UpdatedAt time.Time
+	Response   *Response
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+	FinishedAt *time.Time
 }
 
-const inspectSQL = `
-SELECT scope, idempotency_key AS key, workflow, recovery_point,
-       locked_at IS NOT NULL AS locked, lock_token, state, parked_at, last_error,
+// KeyStatus is where a key stands.
+type KeyStatus string
+
+// The statuses of a key.
+const (
+	// KeyInProgress: an attempt holds the key's lock, and it is not stale.
+	KeyInProgress KeyStatus = "in_progress"
+	// KeyStale: the key's lock is older than the lock timeout: its holder
+	// died or is slow, and the next retry or sweep takes it over.
+	KeyStale KeyStatus = "stale"
+	// KeyAbandoned: unfinished and unlocked: its last attempt failed (or
+	// was cancelled), and a retry or the sweep resumes it.
+	KeyAbandoned KeyStatus = "abandoned"
+	// KeyParked: unfinished, unlocked and left for an operator; the sweep
+	// does not try it, a client retry still resumes it.
+	KeyParked KeyStatus = "parked"
+	// KeyFinished: the response is stored and replayed.
+	KeyFinished KeyStatus = "finished"
+)
+
+// keyStatusSQL computes KeyStatus in SQL ($3 is the lock timeout in µs).
+const keyStatusSQL = `CASE
+    WHEN response_status IS NOT NULL THEN 'finished'
+    WHEN parked_at IS NOT NULL THEN 'parked'
+    WHEN locked_at IS NULL THEN 'abandoned'
+    WHEN /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($3)) THEN 'stale'
+    ELSE 'in_progress' END`
+
+// keyInfoColumns are the columns a KeyInfo is scanned from.
+const keyInfoColumns = `scope, idempotency_key AS key, workflow, recovery_point,
+       ` + keyStatusSQL + ` AS status,
+       locked_at IS NOT NULL AS locked, lock_token, state, attempts, last_error,
+       next_attempt_at, parked_at,
        extract(epoch FROM locked_at - /* TEMPLATE: schema */atomicphase_stale_before($3))::float8 AS lock_expires_in,
-       response_status AS status, response_header AS header, response_body AS body,
-       created_at, updated_at
+       response_status AS status_code, response_header AS header, response_body AS body,
+       created_at, updated_at, finished_at`
+
+const inspectSQL = `SELECT ` + keyInfoColumns + `
 FROM /* TEMPLATE: schema */idempotency_keys WHERE scope = $1 AND idempotency_key = $2`
 
 // Inspect reads a key's stored row without locking or changing it, for
 // operators and tests. A key never recorded returns ErrKeyNotFound.
 func (r *Runner) Inspect(ctx context.Context, scope, key string) (*KeyInfo, error) {
-	var row struct {
-		KeyInfo
-		Status *int
-		Header http.Header
-		Body   []byte
-	}
+	var row keyInfoRow
 	err := pgxscan.Get(ctx, r.pool, &row, r.sql.inspect, scope, key, r.cfg.LockTimeout.Microseconds())
 	if pgxscan.NotFound(err) {
 		return nil, ErrKeyNotFound
@@ -83,11 +121,23 @@ func (r *Runner) Inspect(ctx context.Context, scope, key string) (*KeyInfo, erro
 	if err != nil {
 		return nil, storeError("inspect key", err)
 	}
+	return row.info(), nil
+}
+
+// keyInfoRow is a KeyInfo as keyInfoColumns read it.
+type keyInfoRow struct {
+	KeyInfo
+	StatusCode *int
+	Header     http.Header
+	Body       []byte
+}
+
+func (row *keyInfoRow) info() *KeyInfo {
 	info := row.KeyInfo
-	if row.Status != nil {
-		info.Response = &Response{Status: *row.Status, Header: row.Header, Body: row.Body, Replayed: true}
+	if row.StatusCode != nil {
+		info.Response = &Response{Status: *row.StatusCode, Header: row.Header, Body: row.Body, Replayed: true}
 	}
-	return &info, nil
+	return &info
 }
 
 // schemaObjects are the tables and functions this version of the library
@@ -95,7 +145,7 @@ func (r *Runner) Inspect(ctx context.Context, scope, key string) (*KeyInfo, erro
 // each; keep the list in step with the newest migration.
 var schemaObjects = []struct{ kind, name string }{
 	{"table", "idempotency_keys"},
-	{"function", "atomicphase_acquire(text, text, text, bytea, text, text, bytea, bigint, bigint)"},
+	{"function", "atomicphase_acquire(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)"},
 	{"function", "atomicphase_checkpoint(text, text, bigint, text, text, bytea, integer, jsonb, bytea)"},
 	{"function", "atomicphase_stale_before(bigint)"},
 	{"function", "atomicphase_lock_takeable(timestamptz, timestamptz)"},

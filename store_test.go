@@ -66,8 +66,7 @@ func TestCheckSchemaNamesWhatIsMissing(t *testing.T) {
 	require.ErrorContains(t, err, "atomicphase_stale_before")
 	require.ErrorContains(t, err, "atomicphase_lock_takeable")
 	require.NotContains(t, err.Error(), "idempotency_keys")
-	require.ErrorContains(t, err, "atomicphase_acquire(text, text, text, bytea, text, text, bytea, bigint, bigint)",
-		"001's acquire has an older signature")
+	require.ErrorContains(t, err, "atomicphase_acquire(", "001's acquire has an older signature")
 }
 
 func TestCheckSchemaStoreUnavailable(t *testing.T) {

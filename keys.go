@@ -1,0 +1,129 @@
+package atomicphase
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/georgysavva/scany/v2/pgxscan"
+)
+
+// The operator's statements on keys: list them, make one eligible for the
+// sweep again, forget one. None of them is on a request's path. Listing
+// filters the whole table; every other statement is keyed by (scope, key).
+
+// KeyFilter selects keys for ListKeys. A nil *KeyFilter lists the first
+// DefaultListLimit keys of any status.
+type KeyFilter struct {
+	// Status keeps keys with this status. Defaults to any.
+	Status KeyStatus
+	// Workflow keeps keys of this workflow. Defaults to any.
+	Workflow string
+	// Scope keeps keys of this scope. Defaults to any.
+	Scope string
+	// OlderThan keeps keys created longer ago than this. Defaults to any
+	// age.
+	OlderThan time.Duration
+	// Limit is the most keys returned, oldest first. Defaults to
+	// DefaultListLimit.
+	Limit int
+}
+
+// DefaultListLimit is KeyFilter.Limit's default.
+const DefaultListLimit = 100
+
+const listKeysSQL = `SELECT * FROM (SELECT ` + keyInfoColumns + `
+    FROM /* TEMPLATE: schema */idempotency_keys
+    WHERE ($1 = '' OR workflow = $1) AND ($2 = '' OR scope = $2)
+      AND created_at < now() - $4 * interval '1 microsecond') AS k
+WHERE ($5 = '' OR k.status = $5)
+ORDER BY created_at, scope, key
+LIMIT $6`
+
+// ListKeys lists keys, oldest first, for operators: the CLI's keys command,
+// a dashboard. It reads every shard of a distributed key table; keep it off
+// request paths.
+func (r *Runner) ListKeys(ctx context.Context, f *KeyFilter) ([]*KeyInfo, error) {
+	if f == nil {
+		f = &KeyFilter{}
+	}
+	switch f.Status {
+	case "", KeyInProgress, KeyStale, KeyAbandoned, KeyParked, KeyFinished:
+	default:
+		return nil, fmt.Errorf("atomicphase: KeyFilter.Status %q is not a key status; use in_progress, stale, abandoned, parked or finished", f.Status)
+	}
+	limit := f.Limit
+	if limit <= 0 {
+		limit = DefaultListLimit
+	}
+	var rows []*keyInfoRow
+	err := pgxscan.Select(ctx, r.pool, &rows, renderSQL(listKeysSQL, r.cfg.Schema),
+		f.Workflow, f.Scope, r.cfg.LockTimeout.Microseconds(), max(f.OlderThan, 0).Microseconds(), string(f.Status), limit)
+	if err != nil {
+		return nil, storeError("list keys", err)
+	}
+	out := make([]*KeyInfo, len(rows))
+	for i, row := range rows {
+		out[i] = row.info()
+	}
+	return out, nil
+}
+
+// ErrKeyFinished is returned by Unpark for a key that is already finished.
+var ErrKeyFinished = errors.New("atomicphase: idempotency key already finished")
+
+// ErrKeyUnfinished is returned by Forget for a key that is neither finished
+// nor parked: forgetting it would strand whatever its phases did.
+var ErrKeyUnfinished = errors.New("atomicphase: idempotency key unfinished and not parked")
+
+const unparkSQL = `
+UPDATE /* TEMPLATE: schema */idempotency_keys
+SET parked_at = NULL, next_attempt_at = NULL, updated_at = now()
+WHERE scope = $1 AND idempotency_key = $2 AND response_status IS NULL
+RETURNING true`
+
+// Unpark makes an unfinished key eligible for the next sweep at once: it
+// clears the parked mark and any backoff. The sweep of a process that
+// registered the key's workflow then resumes it through the normal
+// acquisition path; a client retry would anyway. It returns ErrKeyNotFound
+// for a key never recorded and ErrKeyFinished for a finished one.
+func (r *Runner) Unpark(ctx context.Context, scope, key string) error {
+	var ok bool
+	err := r.pool.QueryRow(ctx, renderSQL(unparkSQL, r.cfg.Schema), scope, key).Scan(&ok)
+	if err == nil {
+		return nil
+	}
+	if !pgxscan.NotFound(err) {
+		return storeError("unpark key", err)
+	}
+	if _, ierr := r.Inspect(ctx, scope, key); ierr != nil {
+		return ierr
+	}
+	return ErrKeyFinished
+}
+
+const forgetSQL = `
+DELETE FROM /* TEMPLATE: schema */idempotency_keys
+WHERE scope = $1 AND idempotency_key = $2
+  AND (response_status IS NOT NULL OR (parked_at IS NOT NULL AND locked_at IS NULL))`
+
+// Forget deletes a finished or parked key, so that a stored answer produced
+// by a since-fixed bug is not replayed forever, or a parked request is given
+// up. The same client key is then a new request, with new downstream keys:
+// nothing its earlier phases did is re-linked, and nothing is undone. It
+// returns ErrKeyNotFound for a key never recorded and ErrKeyUnfinished for
+// one still in progress or waiting to be resumed.
+func (r *Runner) Forget(ctx context.Context, scope, key string) error {
+	tag, err := r.pool.Exec(ctx, renderSQL(forgetSQL, r.cfg.Schema), scope, key)
+	if err != nil {
+		return storeError("forget key", err)
+	}
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	if _, ierr := r.Inspect(ctx, scope, key); ierr != nil {
+		return ierr
+	}
+	return ErrKeyUnfinished
+}

@@ -1,0 +1,151 @@
+package atomicphase
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// EventKind names a decision the Runner or the Sweeper made. The names are
+// the metric names the OpenTelemetry adapter counts them under.
+type EventKind string
+
+// The decisions. Each is reported once per occurrence: a replay is one
+// replay, a takeover one takeover.
+const (
+	// EventCreated: a new key was recorded and its first attempt began.
+	EventCreated EventKind = "reserve.created"
+	// EventReplay: a finished key's stored response was replayed.
+	EventReplay EventKind = "reserve.replay"
+	// EventInProgress: another attempt holds the key (409).
+	EventInProgress EventKind = "reserve.in_progress"
+	// EventKeyMisuse: the key was reused with another request (422).
+	EventKeyMisuse EventKind = "reserve.key_misuse"
+	// EventFailedRetry: an unfinished key that no attempt held (its last
+	// attempt failed, or it was parked) was taken by a retry or a resume.
+	EventFailedRetry EventKind = "reserve.failed_retry"
+	// EventTakeover: a key whose holder's lock had gone stale (the holder
+	// died, or was slower than the lock timeout) was taken over.
+	EventTakeover EventKind = "reserve.takeover"
+	// EventOverLimit: a new key was refused because its scope has
+	// Config.MaxUnfinishedPerScope unfinished keys (429).
+	EventOverLimit EventKind = "reserve.over_limit"
+	// EventStoreError: a statement on the key store failed (Err says how).
+	EventStoreError EventKind = "store.error"
+	// EventPhaseCommitted: a phase committed (Duration: the whole phase,
+	// foreign call included).
+	EventPhaseCommitted EventKind = "phase.committed"
+	// EventPhaseFailed: a phase failed and rolled back (Err, Duration).
+	EventPhaseFailed EventKind = "phase.failed"
+	// EventLockLost: an attempt found at commit that another took its key.
+	EventLockLost EventKind = "lock.lost"
+	// EventParked: a key was parked for an operator (Err says why).
+	EventParked EventKind = "key.parked"
+	// EventZombieKey: the sweep completed an abandoned key: one whose
+	// client stopped retrying.
+	EventZombieKey EventKind = "zombie_key"
+	// EventTTLPruned: the sweep deleted finished keys past their retention
+	// (Count says how many).
+	EventTTLPruned EventKind = "ttl_pruned"
+	// EventUnknownWorkflow: the sweep left keys alone whose workflow this
+	// process has not registered (Count says how many it saw).
+	EventUnknownWorkflow EventKind = "sweep.unknown_workflow"
+)
+
+// Event is one decision, with what it concerns. Scope and Key are given as
+// Config.RedactKey left them.
+type Event struct {
+	Kind     EventKind
+	Workflow string
+	Scope    string
+	Key      string
+	// Phase is set for phase events.
+	Phase string
+	// Duration is set for phase events.
+	Duration time.Duration
+	// Err is set for failures.
+	Err error
+	// Count is set for events about many keys at once.
+	Count int
+}
+
+// SpanKind says what a span covers.
+type SpanKind string
+
+// The spans.
+const (
+	// SpanRequest covers one Run or Resume: acquisition, phases, answer.
+	SpanRequest SpanKind = "request"
+	// SpanPhase covers one phase of a request, foreign call included.
+	SpanPhase SpanKind = "phase"
+)
+
+// Span describes a span an Observer is asked to open.
+type Span struct {
+	Kind     SpanKind
+	Workflow string
+	Scope    string
+	Key      string
+	Phase    string // for SpanPhase
+}
+
+// Observer watches a Runner and its Sweeper: metrics, traces, audit. Both
+// call it synchronously on the request's goroutine, so it must be quick and
+// safe for concurrent use. The OpenTelemetry adapter in package apotel is
+// one; ObserverFunc adapts a plain function.
+type Observer interface {
+	// Observe is told of one decision.
+	Observe(ctx context.Context, e Event)
+	// StartSpan opens a span and returns the context that carries it (the
+	// rest of the request, or the phase, runs under it) and the function
+	// that ends it with the request's or phase's error.
+	StartSpan(ctx context.Context, s Span) (context.Context, func(err error))
+}
+
+// ObserverFunc adapts a function to an Observer that opens no spans.
+type ObserverFunc func(ctx context.Context, e Event)
+
+// Observe calls f.
+func (f ObserverFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
+
+// StartSpan opens nothing.
+func (f ObserverFunc) StartSpan(ctx context.Context, _ Span) (context.Context, func(error)) {
+	return ctx, func(error) {}
+}
+
+// observe reports e, if anyone listens, with the scope and key redacted.
+func (r *Runner) observe(ctx context.Context, e Event) {
+	if r.cfg.Observer == nil {
+		return
+	}
+	e.Scope, e.Key = r.redact(e.Scope, e.Key)
+	r.cfg.Observer.Observe(ctx, e)
+}
+
+// span opens a span, if anyone listens.
+func (r *Runner) span(ctx context.Context, s Span) (context.Context, func(error)) {
+	if r.cfg.Observer == nil {
+		return ctx, noEnd
+	}
+	s.Scope, s.Key = r.redact(s.Scope, s.Key)
+	return r.cfg.Observer.StartSpan(ctx, s)
+}
+
+func noEnd(error) {}
+
+func (r *Runner) redact(scope, key string) (string, string) {
+	if r.cfg.RedactKey == nil {
+		return scope, key
+	}
+	return r.cfg.RedactKey(scope, key)
+}
+
+// logKey logs msg about a key: every line names the workflow, scope and key
+// (the latter two as Config.RedactKey leaves them).
+func (r *Runner) logKey(ctx context.Context, level slog.Level, msg, workflow, scope, key string, args ...any) {
+	if r.cfg.Logger == nil {
+		return
+	}
+	scope, key = r.redact(scope, key)
+	r.cfg.Logger.Log(ctx, level, msg, append([]any{"workflow", workflow, "scope", scope, "key", key}, args...)...)
+}

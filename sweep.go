@@ -1,0 +1,278 @@
+package atomicphase
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The sweep: what keeps keys from being stranded or kept forever without a
+// client. It completes abandoned keys (a client that gave up after a crash
+// or a failure leaves its request half done: the ride exists, the card may
+// be charged) and reaps finished keys past their retention. Every process
+// may run one: acquisition decides who runs a key, as it does between
+// clients, so no leader is elected.
+
+// Defaults of SweepConfig.
+const (
+	DefaultSweepInterval  = 5 * time.Second
+	DefaultSweepBatch     = 50
+	DefaultKeyRetention   = 24 * time.Hour
+	DefaultReapBatch      = 1000
+	DefaultMaxReapBatches = 100
+)
+
+// SweepConfig configures a Sweeper. A nil *SweepConfig means all defaults.
+type SweepConfig struct {
+	// Interval is the time between two sweeps, jittered by up to a fifth
+	// either way so that processes started together drift apart. Defaults
+	// to 5s.
+	Interval time.Duration
+
+	// BatchSize is the most abandoned keys one sweep resumes. Defaults
+	// to 50.
+	BatchSize int
+
+	// Retention is how long a finished key is kept (and replayed) after it
+	// finished; the sweep deletes older ones. Keep it at least as long as
+	// clients retry, and no shorter than the downstreams keep their own
+	// idempotency keys (Stripe: 24 hours). A negative value turns reaping
+	// off. Defaults to 24h.
+	Retention time.Duration
+
+	// ReapBatchSize is how many keys one reaping statement deletes, which
+	// keeps each transaction short. Defaults to 1000.
+	ReapBatchSize int
+
+	// MaxReapBatches bounds the reaping statements of one sweep; a backlog
+	// is worked off over several sweeps. Defaults to 100.
+	MaxReapBatches int
+}
+
+// SweepResult counts what one sweep did.
+type SweepResult struct {
+	// Examined counts the abandoned keys the sweep tried to resume.
+	Examined int
+	// Completed counts the keys it resumed to a stored response.
+	Completed int
+	// Failed counts the keys whose resumed attempt failed again; they
+	// rest for a backoff, or are parked (Parked counts those too).
+	Failed int
+	// Parked counts the keys parked by this sweep's attempts.
+	Parked int
+	// Busy counts the keys another process or a client retry took first.
+	Busy int
+	// UnknownWorkflow counts the abandoned keys left alone because this
+	// process has not registered their workflow (up to 1000).
+	UnknownWorkflow int
+	// Reaped counts the finished keys deleted.
+	Reaped int
+}
+
+// Sweeper completes abandoned keys and reaps old ones for a Runner; see
+// RunOnce. Make one with NewSweeper and run it with Run in every process
+// that serves the Runner's workflows. It is safe for concurrent use.
+type Sweeper struct {
+	r   *Runner
+	cfg SweepConfig
+}
+
+// NewSweeper returns a Sweeper over r's key store. It resumes keys of the
+// workflows registered with r (Run registers the workflows it runs; use
+// Register at start-up so that a process resumes keys before its first
+// request). config may be nil for the defaults.
+func NewSweeper(r *Runner, config *SweepConfig) (*Sweeper, error) {
+	if r == nil {
+		return nil, errors.New("atomicphase: NewSweeper needs a Runner")
+	}
+	var cfg SweepConfig
+	if config != nil {
+		cfg = *config
+	}
+	var errs []error
+	for _, f := range []struct {
+		name string
+		v    *int
+		def  int
+	}{{"BatchSize", &cfg.BatchSize, DefaultSweepBatch}, {"ReapBatchSize", &cfg.ReapBatchSize, DefaultReapBatch}, {"MaxReapBatches", &cfg.MaxReapBatches, DefaultMaxReapBatches}} {
+		switch {
+		case *f.v == 0:
+			*f.v = f.def
+		case *f.v < 0:
+			errs = append(errs, fmt.Errorf("SweepConfig.%s is %d; use a positive count, or 0 for the default %d", f.name, *f.v, f.def))
+		}
+	}
+	switch {
+	case cfg.Interval == 0:
+		cfg.Interval = DefaultSweepInterval
+	case cfg.Interval < time.Millisecond:
+		errs = append(errs, fmt.Errorf("SweepConfig.Interval is %s; use at least 1ms, or 0 for the default %s", cfg.Interval, DefaultSweepInterval))
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = DefaultKeyRetention
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("atomicphase: invalid sweep config: %w", errors.Join(errs...))
+	}
+	return &Sweeper{r: r, cfg: cfg}, nil
+}
+
+// Run sweeps now and then every Interval (jittered) until ctx ends, and
+// returns nil then. A sweep that fails is logged and reported to the
+// Runner's Observer as a store error; the next one tries again.
+func (s *Sweeper) Run(ctx context.Context) error {
+	for {
+		if _, err := s.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			s.r.logKey(ctx, slog.LevelError, "atomicphase: sweep failed", "", "", "", "error", err)
+		}
+		jitter := time.Duration(rand.Int64N(int64(s.cfg.Interval)/5*2+1)) - s.cfg.Interval/5
+		t := time.NewTimer(s.cfg.Interval + jitter)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// RunOnce sweeps once: it resumes up to BatchSize abandoned keys (unfinished,
+// not parked, unlocked or stale, past their backoff), each through Resume and
+// so through the normal acquisition path, fencing and all; then it deletes
+// finished keys older than Retention, in batches. It is what Run does on
+// every tick, and what a test or a cron job calls. The error is the first
+// statement of the sweep itself that failed; failures of the resumed keys
+// are counted, not returned.
+func (s *Sweeper) RunOnce(ctx context.Context) (SweepResult, error) {
+	var res SweepResult
+	if err := s.complete(ctx, &res); err != nil {
+		return res, err
+	}
+	if s.cfg.Retention > 0 {
+		if err := s.reap(ctx, &res); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// abandonedSQL picks abandoned keys of the registered workflows, the ones
+// waiting longest first.
+const abandonedSQL = `
+SELECT scope, idempotency_key FROM /* TEMPLATE: schema */idempotency_keys
+WHERE response_status IS NULL AND parked_at IS NULL
+  AND workflow = ANY($1::text[])
+  AND /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($2))
+  AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+ORDER BY updated_at
+LIMIT $3`
+
+// unknownSQL counts abandoned keys of workflows this process does not know.
+const unknownSQL = `
+SELECT count(*) FROM (
+    SELECT 1 FROM /* TEMPLATE: schema */idempotency_keys
+    WHERE response_status IS NULL AND parked_at IS NULL
+      AND workflow <> ALL($1::text[])
+      AND /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($2))
+    LIMIT 1000) AS unknown`
+
+func (s *Sweeper) complete(ctx context.Context, res *SweepResult) error {
+	r := s.r
+	names := r.workflowNames()
+	timeout := r.cfg.LockTimeout.Microseconds()
+	if err := r.pool.QueryRow(ctx, renderSQL(unknownSQL, r.cfg.Schema), names, timeout).Scan(&res.UnknownWorkflow); err != nil {
+		return storeError("sweep: count keys of unknown workflows", err)
+	}
+	if res.UnknownWorkflow > 0 {
+		r.observe(ctx, Event{Kind: EventUnknownWorkflow, Count: res.UnknownWorkflow})
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	rows, err := r.pool.Query(ctx, renderSQL(abandonedSQL, r.cfg.Schema), names, timeout, s.cfg.BatchSize)
+	if err != nil {
+		return storeError("sweep: find abandoned keys", err)
+	}
+	type ref struct{ scope, key string }
+	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ref, error) {
+		var k ref
+		return k, row.Scan(&k.scope, &k.key)
+	})
+	if err != nil {
+		return storeError("sweep: find abandoned keys", err)
+	}
+	for _, k := range keys {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		res.Examined++
+		resp, err := r.Resume(ctx, k.scope, k.key)
+		var pe *PhaseError
+		switch {
+		case err == nil && !resp.Replayed:
+			res.Completed++
+			r.observe(ctx, Event{Kind: EventZombieKey, Scope: k.scope, Key: k.key})
+		case err == nil, errors.Is(err, ErrInProgress), errors.Is(err, ErrLockLost):
+			res.Busy++ // someone else took it, or finished it, first
+		case errors.As(err, &pe):
+			res.Failed++
+			if pe.Parked {
+				res.Parked++
+			}
+		default:
+			res.Failed++
+			r.logKey(ctx, slog.LevelWarn, "atomicphase: sweep could not resume key", "", k.scope, k.key, "error", err)
+		}
+	}
+	return nil
+}
+
+// reapSQL deletes one batch of finished keys past their retention, oldest
+// first, skipping rows another sweep is deleting.
+const reapSQL = `
+DELETE FROM /* TEMPLATE: schema */idempotency_keys
+WHERE (scope, idempotency_key) IN (
+    SELECT scope, idempotency_key FROM /* TEMPLATE: schema */idempotency_keys
+    WHERE response_status IS NOT NULL
+      AND finished_at < now() - $1 * interval '1 microsecond'
+    ORDER BY finished_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED)`
+
+func (s *Sweeper) reap(ctx context.Context, res *SweepResult) error {
+	n, err := s.r.Reap(ctx, s.cfg.Retention, s.cfg.ReapBatchSize, s.cfg.MaxReapBatches)
+	res.Reaped = n
+	return err
+}
+
+// Reap deletes finished keys that finished longer than olderThan ago, in
+// statements of at most batch keys, at most maxBatches of them, and returns
+// how many it deleted. Unfinished and parked keys are never deleted. The
+// Sweeper reaps on every sweep; Reap is for a cron job or the CLI.
+func (r *Runner) Reap(ctx context.Context, olderThan time.Duration, batch, maxBatches int) (int, error) {
+	if olderThan < 0 || batch <= 0 || maxBatches <= 0 {
+		return 0, fmt.Errorf("atomicphase: Reap(%s, %d, %d): want a non-negative age and positive batch sizes", olderThan, batch, maxBatches)
+	}
+	sql := renderSQL(reapSQL, r.cfg.Schema)
+	total := 0
+	for range maxBatches {
+		tag, err := r.pool.Exec(ctx, sql, olderThan.Microseconds(), batch)
+		if err != nil {
+			return total, storeError("reap keys", err)
+		}
+		n := int(tag.RowsAffected())
+		total += n
+		if n > 0 {
+			r.observe(ctx, Event{Kind: EventTTLPruned, Count: n})
+		}
+		if n < batch {
+			break
+		}
+	}
+	return total, nil
+}
