@@ -182,7 +182,12 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 		return
 	}
 	var inProgress *atomicphase.InProgressError
+	var tooMany *atomicphase.TooManyKeysError
 	switch {
+	case errors.As(err, &tooMany):
+		WriteProblem(w, Problem{Type: ProblemTooManyKeys, Title: "Too many requests in progress", Status: http.StatusTooManyRequests,
+			Detail: fmt.Sprintf("at most %d requests of yours may be unfinished at once; retry after the Retry-After delay", tooMany.Limit)},
+			retryAfterSeconds(tooMany.RetryAfter.Seconds()))
 	case errors.As(err, &inProgress):
 		WriteProblem(w, Problem{Type: ProblemInProgress, Title: "A request with this Idempotency-Key is in progress", Status: http.StatusConflict,
 			Detail: "retry after the Retry-After delay to get its result"}, retryAfterSeconds(inProgress.RetryAfter.Seconds()))

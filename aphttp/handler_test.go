@@ -372,3 +372,22 @@ func TestEmptyScopeIs500(t *testing.T) {
 	requireProblem(t, r, http.StatusInternalServerError, aphttp.ProblemInvalidScope)
 	require.Zero(t, b.runs.Load())
 }
+
+// A caller spraying keys meets the Runner's cap on unfinished keys per scope
+// as 429 with Retry-After; nothing is stored for the refused key.
+func TestTooManyUnfinishedKeysIs429(t *testing.T) {
+	t.Parallel()
+	db := atomicphasetest.NewDB(t, nil)
+	b := setupRunnerOn(t, db.Pool, &atomicphase.Config{MaxUnfinishedPerScope: 1}, nil)
+	b.fail.Store(true)
+	r := b.do(t, http.MethodPost, "k1", `{"text":"a"}`)
+	require.Equal(t, http.StatusServiceUnavailable, r.status, "the first key stays unfinished")
+	r = b.do(t, http.MethodPost, "k2", `{"text":"b"}`)
+	requireProblem(t, r, http.StatusTooManyRequests, aphttp.ProblemTooManyKeys)
+	require.Equal(t, "1", r.header.Get("Retry-After"))
+	r = b.do(t, http.MethodPost, "k1", `{"text":"a"}`)
+	require.Equal(t, http.StatusServiceUnavailable, r.status, "the unfinished key itself may be retried")
+	b.fail.Store(false)
+	require.Equal(t, 201, b.do(t, http.MethodPost, "k1", `{"text":"a"}`).status)
+	require.Equal(t, 201, b.do(t, http.MethodPost, "k2", `{"text":"b"}`).status, "room again once it finished")
+}

@@ -19,6 +19,7 @@ const (
 	ProblemInProgress       = ProblemTypeBase + "in-progress"       // 409
 	ProblemBodyTooLarge     = ProblemTypeBase + "body-too-large"    // 413
 	ProblemKeyReused        = ProblemTypeBase + "key-reused"        // 422
+	ProblemTooManyKeys      = ProblemTypeBase + "too-many-keys"     // 429
 	ProblemInvalidRequest   = ProblemTypeBase + "invalid-request"   // 422
 	ProblemPermanentFailure = ProblemTypeBase + "permanent-failure" // 500
 	ProblemInvalidScope     = ProblemTypeBase + "invalid-scope"     // 500

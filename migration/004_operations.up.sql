@@ -47,6 +47,7 @@ BEGIN
     acquired := false;
     took_over := false;
     over_limit := false;
+    attempts := 0;
     FOR round IN 1..2 LOOP
         SELECT k.workflow, k.fingerprint, k.recovery_point, k.next_phase, k.lock_token,
                k.locked_at, k.attempts, k.response_status, k.response_header, k.response_body
@@ -67,8 +68,11 @@ BEGIN
                     WHERE u.scope = p_scope AND u.response_status IS NULL
                     LIMIT p_max_unfinished) AS capped) THEN
             over_limit := true;
+            attempts := 0;
             workflow := p_workflow;
             fingerprint := p_fingerprint;
+            recovery_point := 'started';
+            lock_token := 0;
             RETURN;
         END IF;
 
