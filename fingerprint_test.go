@@ -199,3 +199,14 @@ func mutate(v any, which int) (any, bool) {
 		return []any{which}, true // null becomes something else
 	}
 }
+
+func BenchmarkFingerprintOf(b *testing.B) {
+	params := []byte(typicalBody)
+	b.SetBytes(int64(len(params)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := atomicphase.FingerprintOf("POST", "/rides", params); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
