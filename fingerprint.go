@@ -16,8 +16,17 @@ type Fingerprint [sha256.Size]byte
 // numbers written as the shortest form that round-trips an IEEE 754 double),
 // so reordering members or re-spacing the document never changes the
 // fingerprint, while any changed value does. Empty params fingerprint as no
-// parameters. Params that are not valid UTF-8 JSON, that repeat a member
-// name, or hold a number outside the double range are an error.
+// parameters.
+//
+// Params the fingerprint could not tell apart from others that decode
+// differently are an error, as CanonicalJSON details: nesting deeper than
+// MaxJSONDepth; a number that is not exactly a double's value
+// (9007199254740993, 0.10000000000000000001: send those as strings) or is
+// beyond the double range; two member names of one object equal ignoring
+// case (strings.EqualFold), since encoding/json matches fields that way; a
+// string holding U+0000 or an unpaired surrogate escape; and anything that
+// is not one JSON value in valid UTF-8. The Runner answers such params with
+// ErrInvalidRequest.
 func FingerprintOf(method, path string, params []byte) (Fingerprint, error) {
 	canon, err := CanonicalJSON(params)
 	if err != nil {

@@ -390,4 +390,24 @@ func TestTooManyUnfinishedKeysIs429(t *testing.T) {
 	b.fail.Store(false)
 	require.Equal(t, 201, b.do(t, http.MethodPost, "k1", `{"text":"a"}`).status)
 	require.Equal(t, 201, b.do(t, http.MethodPost, "k2", `{"text":"b"}`).status, "room again once it finished")
+// A body the service cannot compare or keep is a final 422, never a 5xx and
+// never a crash, whatever its size up to the body limit; nothing is stored,
+// so a corrected request may reuse the key.
+func TestHostileBodiesAre422(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	deep := strings.Repeat("[", aphttp.DefaultMaxBodyBytes-1)
+	for name, body := range map[string]string{
+		"nested to the body limit":  deep,
+		"nested objects":            strings.Repeat(`{"a":`, 200) + "1" + strings.Repeat("}", 200),
+		"beyond double precision":   `{"text":"hi","n":9007199254740993}`,
+		"names equal ignoring case": `{"text":"hi","Text":"ho"}`,
+		"NUL":                       `{"text":"a\u0000b"}`,
+		"lone surrogate":            `{"text":"\ud800"}`,
+	} {
+		r := b.do(t, http.MethodPost, "k-"+name, body)
+		requireProblem(t, r, http.StatusUnprocessableEntity, aphttp.ProblemInvalidRequest)
+	}
+	require.Zero(t, b.runs.Load())
+	require.Equal(t, 201, b.do(t, http.MethodPost, "k-NUL", `{"text":"ab"}`).status, "nothing was stored for the refused body")
 }
