@@ -390,6 +390,8 @@ func TestTooManyUnfinishedKeysIs429(t *testing.T) {
 	b.fail.Store(false)
 	require.Equal(t, 201, b.do(t, http.MethodPost, "k1", `{"text":"a"}`).status)
 	require.Equal(t, 201, b.do(t, http.MethodPost, "k2", `{"text":"b"}`).status, "room again once it finished")
+}
+
 // A body the service cannot compare or keep is a final 422, never a 5xx and
 // never a crash, whatever its size up to the body limit; nothing is stored,
 // so a corrected request may reuse the key.
