@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"runtime/debug"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -54,10 +55,15 @@ func (a *attempt) run(ctx context.Context, row *keyRow) (resp *Response, err err
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			// Release so a retry can resume, then let the panic go on.
-			why := fmt.Errorf("panic: %v", p)
-			if uerr := a.r.release(ctx, a.scope, a.key, a.token, why, a.r.cfg.attemptBackoff(a.attempts), false); uerr != nil {
-				a.log(ctx, slog.LevelError, "atomicphase: unlock after panic failed", "error", uerr)
+			// A panic is a bug that a retry would meet again: park the key
+			// with the panic and its stack, where an operator sees it, then
+			// let the panic go on. A client retry still resumes it (after
+			// the fix, say).
+			why := fmt.Errorf("panic: %v\n%s", p, debug.Stack())
+			if perr := a.r.release(ctx, a.scope, a.key, a.token, why, 0, true); perr != nil {
+				a.log(ctx, slog.LevelError, "atomicphase: parking after a panic failed", "error", perr)
+			} else {
+				a.r.observe(ctx, Event{Kind: EventParked, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Err: why})
 			}
 			panic(p)
 		}
@@ -115,7 +121,7 @@ func (a *attempt) runPhase(ctx context.Context, idx int, st *step, state []byte)
 		if err := a.fault(ctx, st.name, BeforePhase, nil); err != nil {
 			return phaseResult{}, err
 		}
-		fc := newForeignCall(downstreamKey(a.salt, a.wf.Name(), a.scope, a.key, st.name))
+		fc := newForeignCall(downstreamKey(a.salt, a.wf.Name(), a.scope, a.key, st.downstreamName))
 		out, err := st.call(ctx, fc, state)
 		if ferr := a.fault(ctx, st.name, AfterForeign, nil); ferr != nil {
 			return phaseResult{}, ferr

@@ -192,6 +192,10 @@ func checkSchemaName(field, schema string) error {
 			return fmt.Errorf("%s %q must be printable ASCII", field, schema)
 		}
 	}
+	if strings.Contains(schema, "$") {
+		// The migrations' function bodies are dollar-quoted.
+		return fmt.Errorf("%s %q may not contain $", field, schema)
+	}
 	return nil
 }
 

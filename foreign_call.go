@@ -13,6 +13,11 @@ type ForeignCall struct {
 	key  string
 	mu   sync.Mutex
 	used bool
+	// sent are the requests Transport let through: the one call and the
+	// redirects the client followed from it; followed are the redirect
+	// answers already followed, each at most once.
+	sent     []*http.Request
+	followed map[*http.Response]bool
 	// violated records a second call even if the phase swallowed the
 	// error, so the Runner can fail the phase regardless.
 	violated bool
@@ -76,7 +81,7 @@ func (c *ForeignCall) Transport(base http.RoundTripper) http.RoundTripper {
 		base = http.DefaultTransport
 	}
 	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
-		if req.Response == nil { // a redirect's follow-up has the response that caused it
+		if !c.followsRedirect(req) {
 			if err := c.claim(); err != nil {
 				return nil, err
 			}
@@ -85,8 +90,36 @@ func (c *ForeignCall) Transport(base http.RoundTripper) http.RoundTripper {
 			req = req.Clone(req.Context())
 			req.Header.Set("Idempotency-Key", c.key)
 		}
+		c.mu.Lock()
+		c.sent = append(c.sent, req)
+		c.mu.Unlock()
 		return base.RoundTrip(req)
 	})
+}
+
+// followsRedirect reports whether req is the client following a redirect
+// answered to a request this call already sent: its Response is that
+// redirect, whose Request is one of ours, and no request followed it yet (a
+// copy of the follow-up, re-sent, is a second call).
+func (c *ForeignCall) followsRedirect(req *http.Request) bool {
+	if req.Response == nil || req.Response.Request == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.followed[req.Response] {
+		return false
+	}
+	for _, s := range c.sent {
+		if s == req.Response.Request {
+			if c.followed == nil {
+				c.followed = map[*http.Response]bool{}
+			}
+			c.followed[req.Response] = true
+			return true
+		}
+	}
+	return false
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)

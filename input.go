@@ -56,7 +56,7 @@ func checkExactNames(doc any, t reflect.Type, path string) error {
 			for name, member := range v {
 				f, ok := fields.exact[name]
 				if !ok {
-					if want, folded := fields.folded[strings.ToLower(name)]; folded {
+					if want, folded := fields.folded[foldName(name)]; folded {
 						return fmt.Errorf("member %q%s does not match field %q: member names are case-sensitive", name, at(path), want)
 					}
 					continue
@@ -92,13 +92,24 @@ func at(path string) string {
 }
 
 // structFields are the JSON names of a struct's fields, as encoding/json
-// matches them: exactly, and folded to lower case for the lenient match.
+// matches them: exactly, and folded for the lenient match.
 type structFields struct {
 	exact  map[string]reflect.Type
 	folded map[string]string
 }
 
 var fieldCache sync.Map // reflect.Type → *structFields
+
+// foldName folds every rune of name to the least rune of its simple case
+// folding orbit, the way encoding/json's lenient match equates names (and
+// the canonicaliser's case-twin check does): "ſku" folds like "SKU".
+func foldName(name string) string {
+	var b strings.Builder
+	for _, r := range name {
+		b.WriteRune(foldRune(r))
+	}
+	return b.String()
+}
 
 func fieldsOf(t reflect.Type) *structFields {
 	if f, ok := fieldCache.Load(t); ok {
@@ -137,7 +148,7 @@ func collectFields(t reflect.Type, f *structFields, depth int) {
 		}
 		if _, dup := f.exact[name]; !dup {
 			f.exact[name] = ft
-			f.folded[strings.ToLower(name)] = name
+			f.folded[foldName(name)] = name
 		}
 	}
 }

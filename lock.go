@@ -101,14 +101,22 @@ const cleanupTimeout = 5 * time.Second
 // so the retry the caller is told to make resumes at once instead of after
 // the lock timeout; the error it returns is the acquisition's.
 func (r *Runner) acquire(ctx context.Context, req *Request, workflow string, fp Fingerprint, state []byte, token int64) (*keyRow, error) {
+	// The connection is taken first, so that failing to get one (the store
+	// is down, ctx ended while the pool was exhausted) is known to have sent
+	// nothing, and costs no unlock.
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var row keyRow
-	err := r.pool.QueryRow(ctx, r.sql.acquire,
+	err = conn.QueryRow(ctx, r.sql.acquire,
 		req.Scope, req.Key, workflow, fp[:], req.Method, req.Path, state, r.cfg.LockTimeout.Microseconds(), token,
 		r.maxUnfinished(),
 	).Scan(&row.Acquired, &row.Workflow, &row.Fingerprint, &row.RecoveryPoint, &row.JumpTarget,
 		&row.State, &row.LockToken, &row.LockExpiresIn, &row.DownstreamSalt,
 		&row.Attempts, &row.TookOver, &row.OverLimit,
 		&row.ResponseStatus, &row.ResponseHeader, &row.ResponseBody)
+	conn.Release() // before the unlock below, which needs a connection of its own
 	if err != nil {
 		if answerMayBeLost(err) {
 			if uerr := r.unlock(ctx, req.Scope, req.Key, token); uerr != nil {
@@ -122,10 +130,14 @@ func (r *Runner) acquire(ctx context.Context, req *Request, workflow string, fp 
 }
 
 // answerMayBeLost reports an error after which a statement may have
-// committed unseen: anything but an error the server answered with while
+// committed unseen: one that is not known to have left nothing sent
+// (pgconn.SafeToRetry) and is not an error the server answered with while
 // the connection stayed up (which means the statement failed, and nothing
 // committed).
 func answerMayBeLost(err error) bool {
+	if pgconn.SafeToRetry(err) {
+		return false
+	}
 	var pgErr *pgconn.PgError
 	return !errors.As(err, &pgErr) || connectionLost(pgErr)
 }

@@ -64,10 +64,15 @@ func (p Phase[S]) WithJumps(targets ...string) Phase[S] {
 }
 
 // WithFormerNames returns a copy of p that also answers to names it had in
-// earlier deployments. A key's recovery point is a phase name; renaming or
-// replacing a phase would otherwise strand every key stopped at the old
-// name (a stored recovery point the workflow does not have is a permanent
-// failure). Keys stopped at a former name resume after p.
+// earlier deployments, oldest first. A key's recovery point is a phase name;
+// renaming or replacing a phase would otherwise strand every key stopped at
+// the old name (a stored recovery point the workflow does not have is a
+// permanent failure). Keys stopped at a former name resume after p.
+//
+// A foreign phase's downstream keys stay derived from its oldest name, so a
+// call made before the rename and repeated after it carries the same key
+// and the downstream deduplicates it. Give the names oldest first, and keep
+// them.
 func (p Phase[S]) WithFormerNames(names ...string) Phase[S] {
 	p.formerNames = append(append([]string(nil), p.formerNames...), names...)
 	return p

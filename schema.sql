@@ -450,6 +450,7 @@ BEGIN
     fingerprint := p_fingerprint;
     recovery_point := 'started';
     lock_token := 0;
+    attempts := 0;
     lock_expires_in := NULL;
 END
 $$;

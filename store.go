@@ -237,11 +237,20 @@ func isConflict(err error) bool {
 
 // isDataError reports a server error that the same statement with the same
 // values meets every time: a data exception (class 22, such as a NUL in
-// text or a number out of range) or a syntax or access rule violation (class
-// 42, such as a misspelt column or a missing privilege). A phase that meets
-// one fails permanently: retrying it would only loop.
+// text or a number out of range), a syntax or access rule violation (class
+// 42, such as a misspelt column or a missing privilege), or a constraint the
+// row itself breaks (NOT NULL, CHECK, UNIQUE, EXCLUDE). A phase that meets
+// one fails permanently: retrying it would only loop. A foreign key
+// violation is not among them: the row it needs may be committed by the
+// time of the retry.
 func isDataError(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) &&
-		(pgerrcode.IsDataException(pgErr.Code) || pgerrcode.IsSyntaxErrororAccessRuleViolation(pgErr.Code))
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case pgerrcode.NotNullViolation, pgerrcode.CheckViolation, pgerrcode.UniqueViolation, pgerrcode.ExclusionViolation:
+		return true
+	}
+	return pgerrcode.IsDataException(pgErr.Code) || pgerrcode.IsSyntaxErrororAccessRuleViolation(pgErr.Code)
 }

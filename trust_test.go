@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -610,4 +611,251 @@ func TestReservedSchemaNameIsRefused(t *testing.T) {
 	require.ErrorContains(t, err, "reserves")
 	_, err = atomicphase.Migrate(context.Background(), nil, &atomicphase.MigrateOpts{Schema: "pg_keys"})
 	require.ErrorContains(t, err, "reserves")
+}
+
+// Renaming a foreign phase keeps its downstream key: a call interrupted
+// before its commit and repeated after the rename is deduplicated.
+func TestRenamedForeignPhaseKeepsItsDownstreamKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	got := &seen{}
+	type st struct{}
+	charge := func(ctx context.Context, call *atomicphase.ForeignCall, s *st) error {
+		return call.Do(ctx, func(_ context.Context, key string) error { got.add(key); return nil })
+	}
+	var crash atomic.Bool
+	crash.Store(true)
+	record := func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+		if crash.Swap(false) {
+			return atomicphase.Outcome{}, errors.New("process dies after the charge, before the commit")
+		}
+		return atomicphase.Respond(201, nil), nil
+	}
+	v1 := atomicphase.MustWorkflow("pay", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Foreign("charge", charge, record),
+	}, nil)
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/pay"}
+	_, err := b.runner.Run(b.ctx, v1, req)
+	require.Error(t, err)
+
+	// Next deployment renames the phase, declaring the former name as documented.
+	v2 := atomicphase.MustWorkflow("pay", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Foreign("create_charge", charge, record).WithFormerNames("charge"),
+	}, nil)
+	r2, err := atomicphase.NewRunner(b.db.Pool, nil)
+	require.NoError(t, err)
+	_, err = r2.Run(b.ctx, v2, req)
+	require.NoError(t, err)
+	keys := got.all()
+	require.Len(t, keys, 2)
+	require.Equal(t, keys[0], keys[1], "the retry of the interrupted charge reached the downstream under a different key: a second charge")
+}
+
+// encoding/json folds names with Unicode (U+017F, the long s, folds to s);
+// so does the check that member names match fields exactly.
+func TestInputNamesFoldLikeEncodingJSON(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	type in struct {
+		Sku string `json:"sku"`
+	}
+	type st struct{ Sku string }
+	var seenSku string
+	wf := atomicphase.MustWorkflow("sku", func(i in, _ *atomicphase.Request) (st, error) {
+		seenSku = i.Sku
+		return st{Sku: i.Sku}, nil
+	}, []atomicphase.Phase[st]{
+		atomicphase.Local("only", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+			return atomicphase.Respond(200, nil), nil
+		}),
+	}, nil)
+	_, err := b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/s",
+		Params: []byte(`{"sku":"cheap","\u017fku":"expensive"}`)})
+	require.ErrorIs(t, err, atomicphase.ErrInvalidRequest, "decoded sku=%q from a member that is not named sku", seenSku)
+}
+
+// A dollar in a schema name would end the migrations' dollar-quoted
+// function bodies early.
+func TestSchemaNameWithDollarIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t, unmigratedDBOpts, nil)
+	_, err := atomicphase.NewRunner(b.db.Pool, &atomicphase.Config{Schema: "a$$b"})
+	require.ErrorContains(t, err, "may not contain $")
+	_, err = atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{Schema: "a$$b"})
+	require.ErrorContains(t, err, "may not contain $", "the migrations' bodies are dollar-quoted")
+}
+
+// A row that breaks a constraint breaks it on every retry: permanent.
+func TestConstraintViolationIsPermanent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	_, err := b.db.Pool.Exec(b.ctx, `CREATE TABLE qty (n int CHECK (n > 0))`)
+	require.NoError(t, err)
+	type st struct{}
+	wf := atomicphase.MustWorkflow("chk", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("ins", func(ctx context.Context, tx pgx.Tx, _ *st) (atomicphase.Outcome, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO qty VALUES (0)`)
+			return atomicphase.Respond(200, nil), err
+		}),
+	}, nil)
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/c"}
+	_, err = b.runner.Run(b.ctx, wf, req)
+	require.ErrorIs(t, err, atomicphase.ErrPermanent)
+	require.False(t, atomicphase.Retryable(err))
+	isParked, _ := parked(t, b, "u", "k")
+	require.True(t, isParked, "a check violation no retry can fix loops as a transient 5xx")
+}
+
+// A panic every retry would meet parks the key, with the panic, and goes on.
+func TestPanicParksTheKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	type st struct{}
+	wf := atomicphase.MustWorkflow("pan", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("boom", func(ctx context.Context, tx pgx.Tx, _ *st) (atomicphase.Outcome, error) {
+			var m map[string]int
+			m["x"] = 1
+			return atomicphase.Respond(200, nil), nil
+		}),
+	}, nil)
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/p"}
+	require.Panics(t, func() { _, _ = b.runner.Run(b.ctx, wf, req) })
+	isParked, why := parked(t, b, "u", "k")
+	require.Contains(t, why, "assignment to entry in nil map")
+	require.True(t, isParked, "a panic that every retry meets is not parked")
+}
+
+// Re-sending the request a redirect produced is a second call, not a
+// redirect: the guard refuses it.
+func TestTransportGuardCountsAResentRedirectedRequest(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var posts, gets atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == "/a" {
+			posts.Add(1)
+			http.Redirect(w, r, "/x", http.StatusSeeOther)
+			return
+		}
+		gets.Add(1)
+	}))
+	t.Cleanup(srv.Close)
+	type st struct{}
+	var second error
+	wf := atomicphase.MustWorkflow("redir2", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Foreign("call", func(ctx context.Context, call *atomicphase.ForeignCall, s *st) error {
+			c := &http.Client{Transport: call.Transport(nil)}
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/a", http.NoBody)
+			resp, err := c.Do(req)
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			// e.g. a retry helper that re-sends the last request it saw
+			again := resp.Request.Clone(ctx)
+			resp2, err := c.Do(again)
+			second = err
+			if err == nil {
+				resp2.Body.Close()
+			}
+			return nil
+		}, func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+			return atomicphase.Respond(200, nil), nil
+		}),
+	}, nil)
+	_, err := b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/r"})
+	require.ErrorIs(t, second, atomicphase.ErrSecondForeignCall, "the second request went out")
+	require.ErrorIs(t, err, atomicphase.ErrPermanent)
+	require.EqualValues(t, 1, posts.Load())
+	require.EqualValues(t, 1, gets.Load())
+}
+
+func TestSchemaNamesNeedingQuotes(t *testing.T) {
+	t.Parallel()
+	for _, schema := range []string{"Billing Keys", `we"ird`, "a.b", "x;drop", "a*/b", "select"} {
+		b := setupDB(t, unmigratedDBOpts, nil)
+		_, err := atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{Schema: schema})
+		if err != nil {
+			t.Errorf("%q: migrate: %v", schema, err)
+			continue
+		}
+		r, err := atomicphase.NewRunner(b.db.Pool, &atomicphase.Config{Schema: schema})
+		require.NoError(t, err)
+		if err := r.CheckSchema(b.ctx); err != nil {
+			t.Errorf("%q: check: %v", schema, err)
+		}
+		type st struct{}
+		wf := atomicphase.MustWorkflow("q", startEmpty[st], []atomicphase.Phase[st]{
+			atomicphase.Local("only", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+				return atomicphase.Respond(200, []byte("ok")), nil
+			}),
+		}, nil)
+		if _, err := r.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"}); err != nil {
+			t.Errorf("%q: run: %v", schema, err)
+		}
+		if _, err := r.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"}); err != nil {
+			t.Errorf("%q: replay: %v", schema, err)
+		}
+		ms := atomicphase.Migrations(&atomicphase.MigrateOpts{Schema: schema})
+		for i := len(ms) - 1; i >= 0; i-- {
+			if _, err := b.db.Pool.Exec(b.ctx, ms[i].Down); err != nil {
+				t.Errorf("%q: down %d: %v", schema, ms[i].Version, err)
+			}
+		}
+	}
+}
+
+// An acquisition that lost the race for a key twice in a row reports no
+// expiry, so the caller is told to retry after the default second, never
+// "retry after 0". A trigger that skips every update of a key makes the
+// upsert find nothing to take, as a racing attempt would.
+func TestContendedAcquisitionAsksForAPositiveRetryAfter(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var fail atomic.Bool
+	fail.Store(true)
+	type st struct{}
+	wf := atomicphase.MustWorkflow("contended", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("only", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+			if fail.Load() {
+				return atomicphase.Outcome{}, errors.New("transient")
+			}
+			return atomicphase.Respond(200, nil), nil
+		}),
+	}, nil)
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"}
+	_, err := b.runner.Run(b.ctx, wf, req)
+	require.Error(t, err)
+	_, err = b.db.Pool.Exec(b.ctx, `
+		CREATE FUNCTION skip_update() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+		CREATE TRIGGER skip_update BEFORE UPDATE ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION skip_update();`)
+	require.NoError(t, err)
+	_, err = b.runner.Run(b.ctx, wf, req)
+	var inProgress *atomicphase.InProgressError
+	require.ErrorAs(t, err, &inProgress)
+	require.Equal(t, time.Second, inProgress.RetryAfter)
+}
+
+// Migrating below 003 while unfinished keys have downstream salts would let
+// the older code repeat their calls under other keys: the down migration
+// refuses.
+func TestMigration003DownRefusesWhileSaltedKeysAreUnfinished(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	type st struct{}
+	wf := atomicphase.MustWorkflow("unfinished", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("only", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+			return atomicphase.Outcome{}, errors.New("transient")
+		}),
+	}, nil)
+	_, err := b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"})
+	require.Error(t, err)
+	migrations := atomicphase.Migrations(nil)
+	for i := len(migrations) - 1; migrations[i].Version > 3; i-- {
+		_, err = b.db.Pool.Exec(b.ctx, migrations[i].Down)
+		require.NoError(t, err)
+	}
+	_, err = b.db.Pool.Exec(b.ctx, migrations[2].Down)
+	require.ErrorContains(t, err, "let them finish")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idempotency_keys WHERE downstream_salt IS NOT NULL`), "nothing changed")
 }

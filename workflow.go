@@ -50,8 +50,12 @@ type Workflow[S any] struct {
 // step is the state-type-free view of a phase that the Runner executes:
 // states travel between phases as JSON bytes, stored verbatim.
 type step struct {
-	name      string
-	isolation pgx.TxIsoLevel
+	name string
+	// downstreamName names the phase in its downstream keys: its oldest
+	// name, so that renaming a foreign phase keeps the keys of calls made
+	// under an earlier name.
+	downstreamName string
+	isolation      pgx.TxIsoLevel
 	// call is nil for local phases.
 	call func(ctx context.Context, fc *ForeignCall, state []byte) ([]byte, error)
 	// local is nil for a foreign phase that records nothing of its own.
@@ -192,7 +196,10 @@ func startStep[In, S any](start StartFunc[In, S]) func(req *Request) ([]byte, er
 }
 
 func makeStep[S any](p Phase[S], iso pgx.TxIsoLevel) step {
-	st := step{name: p.name, isolation: iso, jumps: p.jumps}
+	st := step{name: p.name, downstreamName: p.name, isolation: iso, jumps: p.jumps}
+	if len(p.formerNames) > 0 {
+		st.downstreamName = p.formerNames[0]
+	}
 	if p.call != nil {
 		call := p.call
 		st.call = func(ctx context.Context, fc *ForeignCall, raw []byte) ([]byte, error) {

@@ -1,5 +1,17 @@
 -- Back to jsonb state and a counting lock token. A finished key's cleared
 -- state becomes {}; a state jsonb cannot hold (a NUL, say) makes this fail.
+-- It refuses while unfinished keys have a downstream salt: the code before
+-- this migration would derive their downstream keys without it, and repeat
+-- a call already made under another key. Let them finish first.
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM /* TEMPLATE: schema */idempotency_keys
+               WHERE downstream_salt IS NOT NULL AND response_status IS NULL) THEN
+        RAISE EXCEPTION 'unfinished idempotency keys have downstream salts; let them finish (or forget them) before migrating down';
+    END IF;
+END
+$$;
+
 DROP FUNCTION /* TEMPLATE: schema */atomicphase_acquire(text, text, text, bytea, text, text, bytea, bigint, bigint);
 DROP FUNCTION /* TEMPLATE: schema */atomicphase_checkpoint(text, text, bigint, text, text, bytea, integer, jsonb, bytea);
 

@@ -146,6 +146,7 @@ func TestUnauthorizedStoresNothing(t *testing.T) {
 	b := setup(t, "")
 	requireProblem(t, b.post(t, "", "k", rideBody), 401)
 	requireProblem(t, b.post(t, "stranger@example.com", "k", rideBody), 401)
+	requireProblem(t, b.post(t, "user\xff@example.com", "k", rideBody), 401) // not UTF-8: no such user, not a 503
 	require.Zero(t, b.count(t, "SELECT count(*) FROM idempotency_keys"))
 }
 

@@ -15,6 +15,7 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -182,7 +183,9 @@ var errUnauthorized = fmt.Errorf("%w: send Authorization: Bearer <email> of a kn
 // database error is not a 401: the client must retry, not give up.
 func authenticate(r *http.Request, pool *pgxpool.Pool) (string, error) {
 	email, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || email == "" {
+	if !ok || email == "" || !utf8.ValidString(email) || strings.ContainsRune(email, 0) {
+		// No user has such an email; asking the database would only earn
+		// a data error, which is no reason to answer 503.
 		return "", errUnauthorized
 	}
 	var exists bool
