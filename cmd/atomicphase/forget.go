@@ -89,12 +89,7 @@ func forgettable(k *atomicphase.KeyInfo) error {
 		return fmt.Errorf("key %q in scope %q is %s, and only finished and parked keys can be forgotten: %s", k.Key, k.Scope, k.Status, why)
 	}
 	switch k.Status {
-	case atomicphase.KeyFinished:
-		return nil
-	case atomicphase.KeyParked:
-		if k.Locked {
-			return refuse("a client retry is running it right now; try again once that attempt ends")
-		}
+	case atomicphase.KeyFinished, atomicphase.KeyParked:
 		return nil
 	case atomicphase.KeyInProgress:
 		return refuse("an attempt is running its phases now, and forgetting the key would strand what they do")
