@@ -3,10 +3,10 @@
 # none is there, scripts/ensure-postgres installs the binaries with apt-get.
 
 GO ?= go
-# The library's module and the examples' module (go.work joins them, so one
-# go command covers both).
-MODULES := . examples
-PKGS := ./... ./examples/...
+# The library's module, the operator CLI's and the examples' (go.work joins
+# them, so one go command covers all three; ./... stops at a nested module).
+MODULES := . cmd/atomicphase examples
+PKGS := ./... ./cmd/atomicphase/... ./examples/...
 
 .PHONY: help
 help: ## List the targets
@@ -24,6 +24,10 @@ rocketrides: postgres ## Serve the Rocket Rides example on 127.0.0.1:8080
 quickstart: postgres ## Run the quickstart example end to end
 	$(GO) run ./examples/quickstart
 
+.PHONY: cli
+cli: ## Build the operator CLI into bin/atomicphase
+	$(GO) build -o bin/atomicphase ./cmd/atomicphase
+
 .PHONY: test
 test: postgres ## Run the whole test suite against a real PostgreSQL
 	$(GO) test -count=1 $(PKGS)
@@ -33,7 +37,7 @@ test/race: postgres ## Run the whole test suite with the race detector
 	$(GO) test -race -count=1 $(PKGS)
 
 .PHONY: lint
-lint: ## Check formatting, go vet and a tidy go.mod in both modules
+lint: ## Check formatting, go vet and a tidy go.mod in every module
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	@for m in $(MODULES); do echo "(cd $$m && $(GO) mod tidy -diff)"; (cd $$m && $(GO) mod tidy -diff) || exit 1; done

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase/atomicphasetest"
+)
+
+func TestDatabaseURL(t *testing.T) {
+	t.Parallel()
+
+	t.Run("Missing", func(t *testing.T) {
+		t.Parallel()
+		res := runCLI(t, nil, "", "keys")
+		require.Equal(t, exitFailure, res.code)
+		require.Contains(t, res.stderr, "no database given: set DATABASE_URL or pass --database-url")
+		require.Empty(t, res.stdout)
+	})
+
+	t.Run("FromEnvironment", func(t *testing.T) {
+		t.Parallel()
+		b := setupEmpty(t, nil)
+		res := runCLI(t, map[string]string{"DATABASE_URL": b.db.URL}, "", "keys")
+		require.Equal(t, 0, res.code, res.stderr)
+		require.Equal(t, "no keys match\n", res.stdout)
+	})
+
+	t.Run("FlagOverEnvironment", func(t *testing.T) {
+		t.Parallel()
+		b := setupEmpty(t, nil)
+		res := runCLI(t, map[string]string{"DATABASE_URL": "postgres://nobody@127.0.0.1:1/none"}, "", "--database-url", b.db.URL, "keys")
+		require.Equal(t, 0, res.code, res.stderr)
+	})
+
+	t.Run("Unreachable", func(t *testing.T) {
+		t.Parallel()
+		res := runCLI(t, nil, "", "--database-url", "postgres://nobody:secret@127.0.0.1:1/none?connect_timeout=5", "keys")
+		require.Equal(t, exitFailure, res.code)
+		require.Contains(t, res.stderr, `cannot connect to database "none" on 127.0.0.1:1 as "nobody"`)
+		require.Contains(t, res.stderr, "check --database-url (or DATABASE_URL)")
+		require.NotContains(t, res.stderr, "secret")
+	})
+
+	t.Run("Malformed", func(t *testing.T) {
+		t.Parallel()
+		res := runCLI(t, nil, "", "--database-url", "postgres://a:b@host:notaport/db", "keys")
+		require.Equal(t, exitFailure, res.code)
+		require.Contains(t, res.stderr, "is not a PostgreSQL URL")
+	})
+}
+
+// TestUnmigrated runs every command that needs the schema against a
+// database without it: each fails and says to run migrate.
+func TestUnmigrated(t *testing.T) {
+	t.Parallel()
+	b := setupEmpty(t, &atomicphasetest.Options{SkipMigrations: true})
+	for _, args := range [][]string{
+		{"keys"}, {"inspect", "s", "k"}, {"resume", "s", "k"}, {"unpark", "s", "k"},
+		{"forget", "--yes", "s", "k"}, {"reap", "--older-than", "1h"}, {"sweep", "--once"},
+	} {
+		res := b.run(t, args...)
+		require.Equal(t, exitFailure, res.code, "%v", args)
+		require.Contains(t, res.stderr, "the database has no atomicphase schema on the connection's search_path", "%v", args)
+		require.Contains(t, res.stderr, "run `atomicphase migrate` with the same --database-url and --schema first", "%v", args)
+	}
+}

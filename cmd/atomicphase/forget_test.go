@@ -1,0 +1,58 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestForget(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+
+	res := b.run(t, "forget", "--yes", "alice", "finished-1")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Equal(t, `forgot finished key "finished-1" in scope "alice"`+"\n", res.stdout)
+	require.False(t, b.keyExists(t, "finished-1"))
+
+	res = b.runInput(t, "y\n", "forget", "bob", "parked-1")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stderr, `Forget parked key "parked-1" in scope "bob" (workflow "payout", created `)
+	require.Contains(t, res.stderr, "[y/N]")
+	require.Equal(t, `forgot parked key "parked-1" in scope "bob"`+"\n", res.stdout)
+	require.False(t, b.keyExists(t, "parked-1"))
+
+	require.True(t, b.keyExists(t, "binary-1"), "only the named keys go")
+}
+
+func TestForgetNotConfirmed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, answer := range []string{"", "n\n", "no\n", "maybe\n"} {
+		res := b.runInput(t, answer, "forget", "alice", "finished-1")
+		require.Equal(t, exitFailure, res.code, "%q", answer)
+		require.Contains(t, res.stderr, "not confirmed: nothing deleted (answer y, or pass --yes)")
+		require.Empty(t, res.stdout)
+		require.True(t, b.keyExists(t, "finished-1"))
+	}
+}
+
+func TestForgetRefusals(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, tc := range []struct{ scope, key, why string }{
+		{"bob", "abandoned-1", `key "abandoned-1" in scope "bob" is abandoned, and only finished and parked keys can be forgotten: its phases did part of the work`},
+		{"carol", "running-1", `key "running-1" in scope "carol" is in_progress, and only finished and parked keys can be forgotten: an attempt is running its phases now`},
+		{"carol", "stale-1", `key "stale-1" in scope "carol" is stale, and only finished and parked keys can be forgotten: its phases did part of the work before its holder stopped`},
+	} {
+		res := b.runInput(t, "y\n", "forget", "--yes", tc.scope, tc.key)
+		require.Equal(t, exitFailure, res.code, tc.key)
+		require.Contains(t, res.stderr, tc.why)
+		require.Empty(t, res.stdout)
+		require.True(t, b.keyExists(t, tc.key), tc.key)
+	}
+
+	res := b.run(t, "forget", "--yes", "bob", "missing")
+	require.Equal(t, exitFailure, res.code)
+	require.Contains(t, res.stderr, `no key "missing" in scope "bob"`)
+}

@@ -1,0 +1,135 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/atomicphase/atomicphase"
+)
+
+func (c *cli) inspectCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "inspect SCOPE KEY",
+		Short: "Show everything stored for one key",
+		Long: strings.TrimSpace(`
+Show everything stored for one key, without locking or changing it: its
+status, recovery point, lock, attempts, last error (whole), backoff, parked
+mark, timestamps, state as stored, and the stored response once finished.
+
+The response body is shown as text when it is UTF-8, and as base64 otherwise
+(--json says which in body_encoding).`),
+		Example: examples(
+			`atomicphase inspect user_42 4f1c9a7e-checkout`,
+			`atomicphase inspect user_42 4f1c9a7e-checkout --json | jq .state`,
+		),
+		Args: keyArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			scope, key := args[0], args[1]
+			return c.withRunner(cmd.Context(), func(r *atomicphase.Runner) error {
+				info, err := r.Inspect(cmd.Context(), scope, key)
+				if errors.Is(err, atomicphase.ErrKeyNotFound) {
+					return keyNotFound(scope, key)
+				}
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSONLine(c.stdout, detail(info))
+				}
+				return writeKeyDetail(c.stdout, info)
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of text")
+	return cmd
+}
+
+// writeKeyDetail prints a key as aligned "field: value" lines, then the
+// state and the response body, which may be long, as indented blocks.
+func writeKeyDetail(w io.Writer, k *atomicphase.KeyInfo) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	field := func(name, value string) { fmt.Fprintf(tw, "%s:\t%s\n", name, value) }
+	field("scope", cell(k.Scope))
+	field("key", cell(k.Key))
+	field("workflow", cell(k.Workflow))
+	field("status", string(k.Status))
+	field("recovery point", cell(k.RecoveryPoint))
+	lock := "no"
+	if k.Locked {
+		lock = "yes"
+		if k.LockExpiresIn != nil {
+			if d := seconds(*k.LockExpiresIn); d >= 0 {
+				lock += ", goes stale in " + d.String()
+			} else {
+				lock += ", stale for " + (-d).String()
+			}
+		}
+	}
+	field("locked", lock)
+	field("lock token", strconv.FormatInt(k.LockToken, 10))
+	field("attempts", strconv.Itoa(k.Attempts))
+	lastErr := "-"
+	if k.LastError != nil {
+		lastErr = oneLine(*k.LastError)
+	}
+	field("last error", lastErr)
+	field("next attempt at", timePtrCell(k.NextAttemptAt))
+	field("parked at", timePtrCell(k.ParkedAt))
+	field("created at", timeCell(k.CreatedAt))
+	field("updated at", timeCell(k.UpdatedAt))
+	field("finished at", timePtrCell(k.FinishedAt))
+	if k.Response != nil {
+		field("response status", strconv.Itoa(k.Response.Status))
+		names := make([]string, 0, len(k.Response.Header))
+		for name := range k.Response.Header {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+		for _, name := range names {
+			for _, v := range k.Response.Header[name] {
+				field("response header", name+": "+v)
+			}
+		}
+	} else {
+		field("response", "- (not finished)")
+	}
+	if k.State == nil {
+		field("state", "- (cleared once finished)")
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if k.State != nil {
+		block(w, "state (as stored)", string(k.State))
+	}
+	if k.Response != nil {
+		body, enc := bodyText(k.Response.Body)
+		block(w, fmt.Sprintf("response body (%s, %d bytes)", enc, len(k.Response.Body)), body)
+	}
+	return nil
+}
+
+// seconds converts LockExpiresIn to a duration, to a tenth of a second.
+func seconds(s float64) time.Duration {
+	return time.Duration(s * float64(time.Second)).Round(100 * time.Millisecond)
+}
+
+// block prints a title and text indented below it.
+func block(w io.Writer, title, text string) {
+	fmt.Fprintf(w, "%s:\n", title)
+	if text == "" {
+		text = "(empty)"
+	}
+	for _, line := range strings.Split(strings.TrimRight(text, "\n"), "\n") {
+		fmt.Fprintf(w, "  %s\n", line)
+	}
+}

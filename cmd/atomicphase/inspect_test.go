@@ -1,0 +1,110 @@
+package main
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestInspectText(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+
+	res := b.run(t, "inspect", "alice", "finished-1")
+	require.Equal(t, 0, res.code, res.stderr)
+	out := res.stdout
+	for _, re := range []string{
+		`(?m)^scope: +alice$`,
+		`(?m)^key: +finished-1$`,
+		`(?m)^workflow: +checkout$`,
+		`(?m)^status: +finished$`,
+		`(?m)^recovery point: +finished$`,
+		`(?m)^locked: +no$`,
+		`(?m)^attempts: +1$`,
+		`(?m)^last error: +-$`,
+		`(?m)^finished at: +\d{4}-\S+Z$`,
+		`(?m)^response status: +201$`,
+		`(?m)^response header: +Content-Type: application/json$`,
+		`(?m)^state: +- \(cleared once finished\)$`,
+		`(?m)^response body \(text, 15 bytes\):\n  \{"order":"o-1"\}$`,
+	} {
+		require.Regexp(t, re, out)
+	}
+
+	res = b.run(t, "inspect", "alice", "binary-1")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, "response body (base64, 5 bytes):\n  "+base64.StdEncoding.EncodeToString(binaryBody)+"\n")
+
+	res = b.run(t, "inspect", "bob", "parked-1")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Regexp(t, `(?m)^status: +parked$`, res.stdout)
+	require.Regexp(t, `(?m)^last error: +phase "payout": `+lastErrorParked, res.stdout) // whole, not cut
+	require.Regexp(t, `(?m)^parked at: +\d{4}-\S+Z$`, res.stdout)
+	require.Regexp(t, `(?m)^response: +- \(not finished\)$`, res.stdout)
+	require.Contains(t, res.stdout, "state (as stored):\n  {\"Item\":\"parked-1\"}\n")
+
+	res = b.run(t, "inspect", "carol", "stale-1")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Regexp(t, `(?m)^locked: +yes, stale for \d\S*s$`, res.stdout)
+	res = b.run(t, "inspect", "carol", "running-1")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Regexp(t, `(?m)^locked: +yes, goes stale in \d\S*s$`, res.stdout)
+}
+
+func TestInspectJSON(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+
+	inspect := func(scope, key string) keyDetail {
+		res := b.run(t, "inspect", "--json", scope, key)
+		require.Equal(t, 0, res.code, res.stderr)
+		var d keyDetail
+		require.NoError(t, json.Unmarshal([]byte(res.stdout), &d))
+		return d
+	}
+
+	d := inspect("alice", "finished-1")
+	require.Equal(t, "finished", d.Status)
+	require.NotNil(t, d.Response)
+	require.Equal(t, 201, d.Response.Status)
+	require.Equal(t, "text", d.Response.BodyEncoding)
+	require.JSONEq(t, `{"order":"o-1"}`, d.Response.Body)
+	require.Equal(t, "application/json", d.Response.Header.Get("Content-Type"))
+	require.Equal(t, "null", string(d.State)) // cleared once finished
+
+	d = inspect("alice", "binary-1")
+	require.Equal(t, "base64", d.Response.BodyEncoding)
+	body, err := base64.StdEncoding.DecodeString(d.Response.Body)
+	require.NoError(t, err)
+	require.Equal(t, binaryBody, body)
+
+	d = inspect("bob", "abandoned-1")
+	require.Equal(t, "abandoned", d.Status)
+	require.Nil(t, d.Response)
+	require.JSONEq(t, `{"Item":"abandoned-1"}`, string(d.State))
+	require.Contains(t, *d.LastError, lastErrorAbandoned)
+	require.NotNil(t, d.NextAttemptAt)
+
+	d = inspect("carol", "running-1")
+	require.True(t, d.Locked)
+	require.NotZero(t, d.LockToken)
+	require.NotNil(t, d.LockExpiresIn)
+	require.Positive(t, *d.LockExpiresIn)
+}
+
+func TestInspectUnknownKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.run(t, "inspect", "alice", "no-such-key")
+	require.Equal(t, exitFailure, res.code)
+	require.Empty(t, res.stdout)
+	require.Contains(t, res.stderr, `no key "no-such-key" in scope "alice"`)
+	require.Contains(t, res.stderr, "atomicphase keys --scope alice")
+
+	// The key exists, under another scope: scopes keep keys apart.
+	res = b.run(t, "inspect", "bob", "finished-1")
+	require.Equal(t, exitFailure, res.code)
+	require.Contains(t, res.stderr, `no key "finished-1" in scope "bob"`)
+}

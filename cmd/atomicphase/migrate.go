@@ -1,0 +1,55 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/atomicphase/atomicphase"
+)
+
+func (c *cli) migrateCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "migrate",
+		Short: "Apply the schema migrations the database does not have yet",
+		Long: strings.TrimSpace(`
+Apply every atomicphase migration the database does not have yet, each in a
+transaction of its own, in --schema (created if missing) or on the
+connection's search_path, and print the versions applied, or "up to date".
+
+It is what atomicphase.Migrate does at a service's start-up: safe to run
+again, and from several places at once (they take turns on an advisory
+lock). To apply the SQL with your own migration tool instead, use schema.sql
+or the files in migration/ of the library.`),
+		Example: examples(
+			`atomicphase migrate`,
+			`atomicphase migrate --schema keys --database-url postgres://app@db:5432/app`,
+		),
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.withPool(cmd.Context(), func(pool *pgxpool.Pool) error {
+				opts := &atomicphase.MigrateOpts{Schema: c.schema}
+				names := map[int]string{}
+				latest := 0
+				for _, m := range atomicphase.Migrations(opts) {
+					names[m.Version], latest = m.Name, m.Version
+				}
+				applied, err := atomicphase.Migrate(cmd.Context(), pool, opts)
+				for _, v := range applied {
+					fmt.Fprintf(c.stdout, "applied %03d_%s\n", v, names[v])
+				}
+				if err != nil {
+					return c.explain(err)
+				}
+				if len(applied) == 0 {
+					fmt.Fprintf(c.stdout, "up to date (version %03d)\n", latest)
+				} else {
+					fmt.Fprintf(c.stdout, "schema at version %03d\n", latest)
+				}
+				return nil
+			})
+		},
+	}
+}

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/atomicphasetest"
+)
+
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	b := setupEmpty(t, &atomicphasetest.Options{SkipMigrations: true})
+	migrations := atomicphase.Migrations(nil)
+	latest := migrations[len(migrations)-1]
+
+	res := b.run(t, "keys")
+	require.Equal(t, exitFailure, res.code)
+	require.Contains(t, res.stderr, "run `atomicphase migrate`")
+
+	res = b.run(t, "migrate")
+	require.Equal(t, 0, res.code, res.stderr)
+	want := ""
+	for _, m := range migrations {
+		want += "applied " + fmt.Sprintf("%03d", m.Version) + "_" + m.Name + "\n"
+	}
+	want += "schema at version " + fmt.Sprintf("%03d", latest.Version) + "\n"
+	require.Equal(t, want, res.stdout)
+	require.NoError(t, b.runner.CheckSchema(b.ctx))
+
+	res = b.run(t, "migrate")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Equal(t, "up to date (version "+fmt.Sprintf("%03d", latest.Version)+")\n", res.stdout)
+
+	res = b.run(t, "keys")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Equal(t, "no keys match\n", res.stdout)
+}
+
+// TestMigrateSchema migrates into a schema of its own: the commands find
+// the keys there with --schema and say to migrate without it.
+func TestMigrateSchema(t *testing.T) {
+	t.Parallel()
+	b := setupEmpty(t, &atomicphasetest.Options{SkipMigrations: true})
+
+	res := b.run(t, "--schema", "ops", "migrate")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, "applied 001_")
+
+	r, err := atomicphase.NewRunner(b.db.Pool, &atomicphase.Config{Schema: "ops"})
+	require.NoError(t, err)
+	require.NoError(t, r.CheckSchema(b.ctx))
+
+	res = b.run(t, "--schema", "ops", "keys", "--json")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Empty(t, res.stdout)
+
+	res = b.run(t, "keys")
+	require.Equal(t, exitFailure, res.code)
+	require.Contains(t, res.stderr, "no atomicphase schema on the connection's search_path")
+
+	res = b.run(t, "--schema", "elsewhere", "keys")
+	require.Equal(t, exitFailure, res.code)
+	require.Contains(t, res.stderr, `no atomicphase schema in schema "elsewhere"`)
+
+	res = b.run(t, "--schema", "pg_nope", "keys")
+	require.Equal(t, exitUsage, res.code)
+	require.Contains(t, res.stderr, "--schema or --lock-timeout")
+}

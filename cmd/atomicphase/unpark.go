@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/atomicphase/atomicphase"
+)
+
+// resume and unpark both clear a key's parked mark and backoff with
+// Runner.Unpark; they differ in what the operator means and is told.
+
+func (c *cli) resumeCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "resume SCOPE KEY",
+		Short: "Schedule an unfinished key for the next sweep",
+		Long: strings.TrimSpace(`
+Schedule an unfinished key for the next sweep at once: clear its parked mark
+and any backoff.
+
+The CLI cannot run the key's phases: it does not have your workflow's code.
+The next sweep of a process that registered the key's workflow (a Sweeper's
+Run) resumes the key from its recovery point, through the normal
+acquisition path; a client retry with the same key would too. resume returns
+as soon as the key is scheduled, without waiting for that sweep. If the
+phase that failed still fails, the key is retried with backoff and parked
+again after Config.MaxAttempts attempts.`),
+		Example: examples(`atomicphase resume user_42 4f1c9a7e-checkout`),
+		Args:    keyArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.unpark(cmd.Context(), args[0], args[1], func(before *atomicphase.KeyInfo) string {
+				msg := fmt.Sprintf("key scheduled: the next sweep of a process that registered workflow %q resumes it", before.Workflow)
+				msg += fmt.Sprintf(" after recovery point %q", before.RecoveryPoint)
+				switch before.Status {
+				case atomicphase.KeyInProgress:
+					msg += "\nnote: an attempt holds the key right now; the sweep leaves it alone until that attempt ends or its lock goes stale"
+				case atomicphase.KeyStale:
+					msg += "\nnote: the key's lock is stale; the sweep takes it over"
+				}
+				return msg
+			})
+		},
+	}
+}
+
+func (c *cli) unparkCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "unpark SCOPE KEY",
+		Short: "Clear a key's parked mark so the sweep tries it again",
+		Long: strings.TrimSpace(`
+Clear a parked key's mark (and any backoff), once whatever made it fail
+permanently is fixed: the next sweep of a process that registered the key's
+workflow resumes it. On a key that is not parked it clears the backoff only.
+A finished key cannot be unparked; forget it instead to drop its stored
+response.`),
+		Example: examples(`atomicphase unpark user_42 4f1c9a7e-checkout`),
+		Args:    keyArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.unpark(cmd.Context(), args[0], args[1], func(before *atomicphase.KeyInfo) string {
+				if before.Status != atomicphase.KeyParked {
+					return fmt.Sprintf("key was not parked (it is %s); its backoff is cleared, so the next sweep of a process that registered workflow %q may resume it",
+						before.Status, before.Workflow)
+				}
+				return fmt.Sprintf("key unparked: the next sweep of a process that registered workflow %q resumes it after recovery point %q",
+					before.Workflow, before.RecoveryPoint)
+			})
+		},
+	}
+}
+
+// unpark unparks a key and prints what say makes of the key as it was.
+func (c *cli) unpark(ctx context.Context, scope, key string, say func(before *atomicphase.KeyInfo) string) error {
+	return c.withRunner(ctx, func(r *atomicphase.Runner) error {
+		before, err := r.Inspect(ctx, scope, key)
+		if err == nil {
+			err = r.Unpark(ctx, scope, key)
+		}
+		switch {
+		case errors.Is(err, atomicphase.ErrKeyNotFound):
+			return keyNotFound(scope, key)
+		case errors.Is(err, atomicphase.ErrKeyFinished):
+			return fmt.Errorf("key %q in scope %q is finished: its stored response is replayed and nothing is left to resume "+
+				"(to drop the response, use `atomicphase forget`)", key, scope)
+		case err != nil:
+			return err
+		}
+		_, err = fmt.Fprintln(c.stdout, say(before))
+		return err
+	})
+}

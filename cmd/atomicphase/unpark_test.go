@@ -1,0 +1,71 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+)
+
+func TestUnpark(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	require.NotNil(t, b.inspect(t, "bob", "parked-1").ParkedAt)
+
+	res := b.run(t, "unpark", "bob", "parked-1")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Equal(t, `key unparked: the next sweep of a process that registered workflow "payout" resumes it after recovery point "started"`+"\n", res.stdout)
+	info := b.inspect(t, "bob", "parked-1")
+	require.Nil(t, info.ParkedAt)
+	require.Nil(t, info.NextAttemptAt)
+	require.Equal(t, atomicphase.KeyAbandoned, info.Status)
+	require.Equal(t, 1, info.Attempts, "unpark runs nothing")
+
+	// An abandoned key resting in backoff: only the backoff goes.
+	require.NotNil(t, b.inspect(t, "bob", "abandoned-1").NextAttemptAt)
+	res = b.run(t, "unpark", "bob", "abandoned-1")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, "key was not parked (it is abandoned); its backoff is cleared")
+	require.Nil(t, b.inspect(t, "bob", "abandoned-1").NextAttemptAt)
+}
+
+func TestResume(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+
+	res := b.run(t, "resume", "bob", "parked-1")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Equal(t, `key scheduled: the next sweep of a process that registered workflow "payout" resumes it after recovery point "started"`+"\n", res.stdout)
+	info := b.inspect(t, "bob", "parked-1")
+	require.Nil(t, info.ParkedAt)
+	require.Nil(t, info.NextAttemptAt)
+	require.Equal(t, atomicphase.KeyAbandoned, info.Status)
+	require.Equal(t, 1, info.Attempts, "the CLI runs no phase")
+
+	res = b.run(t, "resume", "carol", "running-1")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, `key scheduled: the next sweep of a process that registered workflow "ship" resumes it`)
+	require.Contains(t, res.stdout, "note: an attempt holds the key right now")
+	require.Equal(t, atomicphase.KeyInProgress, b.inspect(t, "carol", "running-1").Status)
+
+	res = b.run(t, "resume", "carol", "stale-1")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, "note: the key's lock is stale; the sweep takes it over")
+}
+
+func TestUnparkRefusals(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, cmd := range []string{"unpark", "resume"} {
+		res := b.run(t, cmd, "alice", "finished-1")
+		require.Equal(t, exitFailure, res.code, cmd)
+		require.Empty(t, res.stdout)
+		require.Contains(t, res.stderr, `key "finished-1" in scope "alice" is finished: its stored response is replayed and nothing is left to resume`)
+		require.Contains(t, res.stderr, "atomicphase forget")
+
+		res = b.run(t, cmd, "alice", "missing")
+		require.Equal(t, exitFailure, res.code, cmd)
+		require.Contains(t, res.stderr, `no key "missing" in scope "alice"`)
+	}
+}
