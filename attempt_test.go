@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -180,4 +181,134 @@ func TestWorkflowEndingWithoutResponseFails(t *testing.T) {
 	info, err := b.runner.Inspect(b.ctx, "u", "k")
 	require.NoError(t, err)
 	require.Equal(t, atomicphase.RecoveryPointStarted, info.RecoveryPoint, "the phase rolled back")
+}
+
+// parked reads a key's parked mark and last error.
+func parked(t *testing.T, b *testBundle, scope, key string) (bool, string) {
+	t.Helper()
+	info, err := b.runner.Inspect(b.ctx, scope, key)
+	require.NoError(t, err)
+	if info.ParkedAt == nil {
+		return false, ""
+	}
+	require.NotNil(t, info.LastError)
+	require.False(t, info.Locked, "a parked key is unlocked")
+	return true, *info.LastError
+}
+
+// An error a phase marks Permanent parks the key and is final for the
+// client; a later retry (the code fixed) resumes it.
+func TestPermanentErrorParksTheKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var broken atomic.Bool
+	broken.Store(true)
+	var calls atomic.Int32
+	type st struct{}
+	wf := atomicphase.MustWorkflow("perm", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("check", func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+			calls.Add(1)
+			if broken.Load() {
+				return atomicphase.Outcome{}, atomicphase.Permanent(errors.New("downstream says 400: unknown account"))
+			}
+			return atomicphase.Respond(200, nil), nil
+		}),
+	}, nil)
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/p"}
+	_, err := b.runner.Run(b.ctx, wf, req)
+	require.ErrorIs(t, err, atomicphase.ErrPermanent)
+	require.False(t, atomicphase.Retryable(err), "a client must not loop on it")
+	isParked, why := parked(t, b, "u", "k")
+	require.True(t, isParked)
+	require.Contains(t, why, "unknown account")
+
+	broken.Store(false)
+	resp, err := b.runner.Run(b.ctx, wf, req)
+	require.NoError(t, err)
+	require.Equal(t, 200, resp.Status)
+	require.EqualValues(t, 2, calls.Load())
+	isParked, _ = parked(t, b, "u", "k")
+	require.False(t, isParked)
+}
+
+// The framework's own programming errors are permanent: a retry would
+// meet them again.
+func TestProgrammingErrorsArePermanent(t *testing.T) {
+	t.Parallel()
+	type st struct{}
+	for name, phase := range map[string]atomicphase.Phase[st]{
+		"no response": atomicphase.Local("last", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+			return atomicphase.Continue(), nil
+		}),
+		"second foreign call": atomicphase.Foreign("call", func(ctx context.Context, call *atomicphase.ForeignCall, s *st) error {
+			_ = call.Do(ctx, func(context.Context, string) error { return nil })
+			_ = call.Do(ctx, func(context.Context, string) error { return nil })
+			return nil
+		}, nil),
+		"informational status": atomicphase.Local("early", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+			return atomicphase.Respond(103, nil), nil
+		}),
+		"undeclared jump": atomicphase.Local("jump", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+			return atomicphase.JumpTo("nowhere"), nil
+		}),
+		"data error": atomicphase.Local("insert", func(ctx context.Context, tx pgx.Tx, _ *st) (atomicphase.Outcome, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO effects (scope, key, phase, note) VALUES ('u', 'k', 'insert', $1)`, "nul \x00 byte")
+			return atomicphase.Continue(), err
+		}),
+		"misspelt column": atomicphase.Local("insert", func(ctx context.Context, tx pgx.Tx, _ *st) (atomicphase.Outcome, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO effects (scoop) VALUES ('u')`)
+			return atomicphase.Continue(), err
+		}),
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, nil)
+			wf := atomicphase.MustWorkflow("prog", startEmpty[st], []atomicphase.Phase[st]{phase}, nil)
+			_, err := b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/p"})
+			require.ErrorIs(t, err, atomicphase.ErrPermanent)
+			require.False(t, atomicphase.Retryable(err))
+			isParked, _ := parked(t, b, "u", "k")
+			require.True(t, isParked)
+		})
+	}
+}
+
+// A row that breaks a constraint breaks it on every retry: permanent.
+func TestConstraintViolationIsPermanent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	_, err := b.db.Pool.Exec(b.ctx, `CREATE TABLE qty (n int CHECK (n > 0))`)
+	require.NoError(t, err)
+	type st struct{}
+	wf := atomicphase.MustWorkflow("chk", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("ins", func(ctx context.Context, tx pgx.Tx, _ *st) (atomicphase.Outcome, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO qty VALUES (0)`)
+			return atomicphase.Respond(200, nil), err
+		}),
+	}, nil)
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/c"}
+	_, err = b.runner.Run(b.ctx, wf, req)
+	require.ErrorIs(t, err, atomicphase.ErrPermanent)
+	require.False(t, atomicphase.Retryable(err))
+	isParked, _ := parked(t, b, "u", "k")
+	require.True(t, isParked, "a check violation no retry can fix loops as a transient 5xx")
+}
+
+// A panic every retry would meet parks the key, with the panic, and goes on.
+func TestPanicParksTheKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	type st struct{}
+	wf := atomicphase.MustWorkflow("pan", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("boom", func(ctx context.Context, tx pgx.Tx, _ *st) (atomicphase.Outcome, error) {
+			var m map[string]int
+			m["x"] = 1
+			return atomicphase.Respond(200, nil), nil
+		}),
+	}, nil)
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/p"}
+	require.Panics(t, func() { _, _ = b.runner.Run(b.ctx, wf, req) })
+	isParked, why := parked(t, b, "u", "k")
+	require.Contains(t, why, "assignment to entry in nil map")
+	require.True(t, isParked, "a panic that every retry meets is not parked")
 }

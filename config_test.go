@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/atomicphase/atomicphase"
@@ -127,4 +128,58 @@ func TestConfigSchemaNameIsQuoted(t *testing.T) {
 	again, err := atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{Schema: schema})
 	require.NoError(t, err)
 	require.Empty(t, again, "the ledger in the quoted schema is found again")
+}
+
+func TestReservedSchemaNameIsRefused(t *testing.T) {
+	t.Parallel()
+	_, err := atomicphase.NewRunner(&pgxpool.Pool{}, &atomicphase.Config{Schema: "pg_keys"})
+	require.ErrorContains(t, err, "reserves")
+	_, err = atomicphase.Migrate(context.Background(), nil, &atomicphase.MigrateOpts{Schema: "pg_keys"})
+	require.ErrorContains(t, err, "reserves")
+}
+
+// A dollar in a schema name would end the migrations' dollar-quoted
+// function bodies early.
+func TestSchemaNameWithDollarIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t, unmigratedDBOpts, nil)
+	_, err := atomicphase.NewRunner(b.db.Pool, &atomicphase.Config{Schema: "a$$b"})
+	require.ErrorContains(t, err, "may not contain $")
+	_, err = atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{Schema: "a$$b"})
+	require.ErrorContains(t, err, "may not contain $", "the migrations' bodies are dollar-quoted")
+}
+
+func TestSchemaNamesNeedingQuotes(t *testing.T) {
+	t.Parallel()
+	for _, schema := range []string{"Billing Keys", `we"ird`, "a.b", "x;drop", "a*/b", "select"} {
+		b := setupDB(t, unmigratedDBOpts, nil)
+		_, err := atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{Schema: schema})
+		if err != nil {
+			t.Errorf("%q: migrate: %v", schema, err)
+			continue
+		}
+		r, err := atomicphase.NewRunner(b.db.Pool, &atomicphase.Config{Schema: schema})
+		require.NoError(t, err)
+		if err := r.CheckSchema(b.ctx); err != nil {
+			t.Errorf("%q: check: %v", schema, err)
+		}
+		type st struct{}
+		wf := atomicphase.MustWorkflow("q", startEmpty[st], []atomicphase.Phase[st]{
+			atomicphase.Local("only", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+				return atomicphase.Respond(200, []byte("ok")), nil
+			}),
+		}, nil)
+		if _, err := r.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"}); err != nil {
+			t.Errorf("%q: run: %v", schema, err)
+		}
+		if _, err := r.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"}); err != nil {
+			t.Errorf("%q: replay: %v", schema, err)
+		}
+		ms := atomicphase.Migrations(&atomicphase.MigrateOpts{Schema: schema})
+		for i := len(ms) - 1; i >= 0; i-- {
+			if _, err := b.db.Pool.Exec(b.ctx, ms[i].Down); err != nil {
+				t.Errorf("%q: down %d: %v", schema, ms[i].Version, err)
+			}
+		}
+	}
 }

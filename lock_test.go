@@ -2,11 +2,17 @@ package atomicphase_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"io"
+	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/atomicphase/atomicphase"
@@ -237,4 +243,130 @@ func TestLockExpiresIn(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, info.Locked)
 	require.Nil(t, info.LockExpiresIn, "a key nobody holds has no lock to expire")
+}
+
+// answerLosingConn lets the next statement that executes reach the server
+// and complete there, then breaks the connection before the client reads
+// the answer: a lost acknowledgement.
+type answerLosingConn struct {
+	net.Conn
+	armed   *atomic.Bool
+	pending bool // an Execute was written while armed
+}
+
+func (c *answerLosingConn) Write(p []byte) (int, error) {
+	if c.armed.Load() && hasMessage(p, 'E') {
+		c.pending = true
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *answerLosingConn) Read(p []byte) (int, error) {
+	if !c.pending {
+		return c.Conn.Read(p)
+	}
+	c.pending = false
+	c.armed.Store(false)
+	// Drain the whole answer, up to ReadyForQuery, so the statement has
+	// certainly finished on the server; then hang up.
+	var buf []byte
+	chunk := make([]byte, 4096)
+	for !hasMessage(buf, 'Z') {
+		n, err := c.Conn.Read(chunk)
+		if err != nil {
+			return 0, err
+		}
+		buf = append(buf, chunk[:n]...)
+	}
+	_ = c.Conn.Close()
+	return 0, io.ErrUnexpectedEOF
+}
+
+// hasMessage reports whether buf, a run of whole protocol messages, holds
+// one of type typ.
+func hasMessage(buf []byte, typ byte) bool {
+	for len(buf) >= 5 {
+		n := int(binary.BigEndian.Uint32(buf[1:5]))
+		if buf[0] == typ {
+			return true
+		}
+		if n+1 > len(buf) {
+			return false
+		}
+		buf = buf[n+1:]
+	}
+	return false
+}
+
+// An acquisition whose answer is lost may have recorded and locked the key
+// with nobody to run it. The client is told to retry; the retry must be
+// able to resume at once, not after the lock timeout.
+func TestLostAcquisitionAnswerLeavesTheKeyTakeable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	var armed atomic.Bool
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &answerLosingConn{Conn: c, armed: &armed}, nil
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, pool.Ping(b.ctx)) // connected before arming
+	runner, err := atomicphase.NewRunner(pool, nil)
+	require.NoError(t, err)
+	type st struct{}
+	wf := atomicphase.MustWorkflow("lostack", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("only", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+			return atomicphase.Respond(200, []byte("done")), nil
+		}),
+	}, nil)
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/l"}
+
+	armed.Store(true)
+	_, err = runner.Run(b.ctx, wf, req)
+	require.ErrorIs(t, err, atomicphase.ErrStoreUnavailable)
+	require.True(t, atomicphase.Retryable(err))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idempotency_keys`), "the acquisition committed unseen")
+
+	resp, err := runner.Run(b.ctx, wf, req)
+	require.NoError(t, err, "the retry was refused: the key stayed locked by nobody")
+	require.Equal(t, "done", string(resp.Body))
+}
+
+// An acquisition that lost the race for a key twice in a row reports no
+// expiry, so the caller is told to retry after the default second, never
+// "retry after 0". A trigger that skips every update of a key makes the
+// upsert find nothing to take, as a racing attempt would.
+func TestContendedAcquisitionAsksForAPositiveRetryAfter(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var fail atomic.Bool
+	fail.Store(true)
+	type st struct{}
+	wf := atomicphase.MustWorkflow("contended", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("only", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+			if fail.Load() {
+				return atomicphase.Outcome{}, errors.New("transient")
+			}
+			return atomicphase.Respond(200, nil), nil
+		}),
+	}, nil)
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"}
+	_, err := b.runner.Run(b.ctx, wf, req)
+	require.Error(t, err)
+	_, err = b.db.Pool.Exec(b.ctx, `
+		CREATE FUNCTION skip_update() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+		CREATE TRIGGER skip_update BEFORE UPDATE ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION skip_update();`)
+	require.NoError(t, err)
+	_, err = b.runner.Run(b.ctx, wf, req)
+	var inProgress *atomicphase.InProgressError
+	require.ErrorAs(t, err, &inProgress)
+	require.Equal(t, time.Second, inProgress.RetryAfter)
 }

@@ -2,8 +2,10 @@ package atomicphase_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -161,4 +163,61 @@ func noop(context.Context, pgx.Tx, *struct{}) (atomicphase.Outcome, error) {
 // respondOK is a one-phase workflow's phase: it responds 200 "ok".
 func respondOK(context.Context, pgx.Tx, *struct{}) (atomicphase.Outcome, error) {
 	return atomicphase.Respond(200, []byte("ok")), nil
+}
+
+// seen records what the downstream of a test received.
+type seen struct {
+	mu   sync.Mutex
+	keys []string
+	n    atomic.Int32
+}
+
+func (s *seen) add(k string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.keys = append(s.keys, k)
+}
+
+func (s *seen) all() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.keys...)
+}
+
+type shopInput struct {
+	Item     string `json:"item"`
+	Quantity int    `json:"quantity"`
+}
+
+type shopState struct {
+	Item     string `json:"item"`
+	Quantity int    `json:"quantity"`
+	Declined string `json:"declined,omitempty"` // computed by the charge phase
+	ChargeID string `json:"charge_id,omitempty"`
+}
+
+func startShop(in shopInput, _ *atomicphase.Request) (shopState, error) {
+	if in.Quantity < 1 {
+		return shopState{}, errors.New("quantity must be at least 1")
+	}
+	return shopState{Item: in.Item, Quantity: in.Quantity}, nil
+}
+
+// shopWorkflow charges unless the charge phase itself decided to decline;
+// chargesMade counts the calls that charged.
+func shopWorkflow(chargesMade *atomic.Int32) *atomicphase.Workflow[shopState] {
+	return atomicphase.MustWorkflow("shop", startShop, []atomicphase.Phase[shopState]{
+		atomicphase.Foreign("charge", func(ctx context.Context, call *atomicphase.ForeignCall, s *shopState) error {
+			return call.Do(ctx, func(context.Context, string) error {
+				chargesMade.Add(1)
+				s.ChargeID = "ch_1"
+				return nil
+			})
+		}, func(ctx context.Context, tx pgx.Tx, s *shopState) (atomicphase.Outcome, error) {
+			if s.Declined != "" {
+				return atomicphase.Respond(402, []byte(s.Declined)), nil
+			}
+			return atomicphase.Respond(201, []byte(s.ChargeID)), nil
+		}),
+	}, nil)
 }

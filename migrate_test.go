@@ -2,6 +2,7 @@ package atomicphase_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strings"
 	"sync"
@@ -244,4 +245,28 @@ func TestSchemaFileAppliesOnItsOwn(t *testing.T) {
 	resp, err := runner.Run(t.Context(), wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"})
 	require.NoError(t, err)
 	require.Equal(t, 200, resp.Status)
+}
+
+// Migrating below 003 while unfinished keys have downstream salts would let
+// the older code repeat their calls under other keys: the down migration
+// refuses.
+func TestMigration003DownRefusesWhileSaltedKeysAreUnfinished(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	type st struct{}
+	wf := atomicphase.MustWorkflow("unfinished", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("only", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+			return atomicphase.Outcome{}, errors.New("transient")
+		}),
+	}, nil)
+	_, err := b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"})
+	require.Error(t, err)
+	migrations := atomicphase.Migrations(nil)
+	for i := len(migrations) - 1; migrations[i].Version > 3; i-- {
+		_, err = b.db.Pool.Exec(b.ctx, migrations[i].Down)
+		require.NoError(t, err)
+	}
+	_, err = b.db.Pool.Exec(b.ctx, migrations[2].Down)
+	require.ErrorContains(t, err, "let them finish")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idempotency_keys WHERE downstream_salt IS NOT NULL`), "nothing changed")
 }

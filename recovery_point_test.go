@@ -2,7 +2,9 @@ package atomicphase_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -103,4 +105,80 @@ func TestJumpSkipsPhasesAndSurvivesResume(t *testing.T) {
 	info, err = b.runner.Inspect(b.ctx, "u", "k")
 	require.NoError(t, err)
 	require.JSONEq(t, `{"express":true,"trail":["check","ship"]}`, string(info.State), "review was skipped, before and after the retry")
+}
+
+// A phase resumed after a crash sees the very state bytes the first attempt
+// committed, so what it sends downstream under the same key is identical.
+func TestStateBytesAreTheSameWhenResumed(t *testing.T) {
+	t.Parallel()
+	type st struct {
+		Extra json.RawMessage `json:"extra"`
+		Z     int             `json:"z"`
+		A     float64         `json:"a"`
+	}
+	type in struct {
+		Extra json.RawMessage `json:"extra"`
+	}
+	sent := &seen{}
+	var fail atomic.Bool
+	wf := atomicphase.MustWorkflow("verbatim", func(i in, _ *atomicphase.Request) (st, error) {
+		return st{Extra: i.Extra, Z: 1, A: 1e21}, nil
+	}, []atomicphase.Phase[st]{
+		atomicphase.Local("first", func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+			return atomicphase.Continue(), nil
+		}),
+		atomicphase.Foreign("send", func(ctx context.Context, call *atomicphase.ForeignCall, s *st) error {
+			b, _ := json.Marshal(s)
+			sent.add(string(b))
+			if fail.Swap(false) {
+				return errors.New("downstream 503")
+			}
+			return nil
+		}, func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+			return atomicphase.Respond(200, nil), nil
+		}),
+	}, nil)
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/v",
+		Params: []byte(`{"extra": {"b": 1e2, "a": [1.50, "x"]}}`)}
+
+	clean := setup(t, nil)
+	_, err := clean.runner.Run(clean.ctx, wf, req)
+	require.NoError(t, err)
+
+	resumed := setup(t, nil)
+	fail.Store(true)
+	_, err = resumed.runner.Run(resumed.ctx, wf, req)
+	require.Error(t, err)
+	_, err = resumed.runner.Run(resumed.ctx, wf, req)
+	require.NoError(t, err)
+
+	all := sent.all()
+	require.Len(t, all, 3)
+	require.Equal(t, all[0], all[1], "the first attempt after the first phase")
+	require.Equal(t, all[0], all[2], "the resumed attempt sees the bytes the first one committed")
+}
+
+// A finished key keeps only what a replay needs.
+func TestFinishedKeyKeepsNoState(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var charges atomic.Int32
+	params := []byte(`{"item":"card tok_secret","quantity":1}`)
+	_, err := b.runner.Run(b.ctx, shopWorkflow(&charges), atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/buy", Params: params})
+	require.NoError(t, err)
+	info, err := b.runner.Inspect(b.ctx, "u", "k")
+	require.NoError(t, err)
+	require.Nil(t, info.State)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM idempotency_keys WHERE state IS NOT NULL`))
+
+	kept := atomicphase.MustWorkflow("kept", startShop, []atomicphase.Phase[shopState]{
+		atomicphase.Local("done", func(ctx context.Context, tx pgx.Tx, s *shopState) (atomicphase.Outcome, error) {
+			return atomicphase.Respond(200, nil), nil
+		}),
+	}, &atomicphase.WorkflowOpts{KeepFinishedState: true})
+	_, err = b.runner.Run(b.ctx, kept, atomicphase.Request{Scope: "u", Key: "k2", Method: "POST", Path: "/buy", Params: params})
+	require.NoError(t, err)
+	info, err = b.runner.Inspect(b.ctx, "u", "k2")
+	require.NoError(t, err)
+	require.JSONEq(t, `{"item":"card tok_secret","quantity":1}`, string(info.State))
 }

@@ -1,9 +1,11 @@
 package atomicphase_test
 
 import (
+	"context"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/atomicphase/atomicphase"
@@ -62,4 +64,22 @@ func TestRunRejectsRequestFieldsThatAreNotText(t *testing.T) {
 	}
 	require.Zero(t, b.count(t, "SELECT count(*) FROM idempotency_keys"), "nothing was stored")
 	require.Zero(t, c.create.Load())
+}
+
+func TestScopeIsValidated(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	type st struct{}
+	wf := atomicphase.MustWorkflow("scoped", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("only", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+			return atomicphase.Respond(200, nil), nil
+		}),
+	}, nil)
+	for name, scope := range map[string]string{"empty": "", "too long": strings.Repeat("s", 256), "NUL": "a\x00b"} {
+		_, err := b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: scope, Key: "k", Method: "POST", Path: "/s"})
+		require.ErrorIs(t, err, atomicphase.ErrInvalidScope, name)
+		require.NotErrorIs(t, err, atomicphase.ErrInvalidKey, "%s: the client's key is fine", name)
+		require.False(t, atomicphase.Retryable(err))
+	}
+	require.Zero(t, b.count(t, `SELECT count(*) FROM idempotency_keys`))
 }

@@ -204,3 +204,12 @@ func TestRoundTripBudget(t *testing.T) {
 	require.ErrorIs(t, err, atomicphase.ErrFingerprintMismatch)
 	require.Equal(t, int64(1), counter.Count(), "a mismatch is one round trip")
 }
+
+func TestTypedNilWorkflowIsAnErrorNotAPanic(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var wf *atomicphase.Workflow[struct{}]
+	_, err := b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"})
+	require.ErrorContains(t, err, "nil workflow")
+	require.ErrorContains(t, b.runner.Register(wf), "nil workflow")
+}

@@ -2,6 +2,9 @@ package atomicphase_test
 
 import (
 	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -62,4 +65,59 @@ func TestJumpToUndeclaredTargetFailsThePhase(t *testing.T) {
 	_, err = b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"})
 	require.ErrorContains(t, err, "does not declare with WithJumps")
 	require.ErrorIs(t, err, atomicphase.ErrPermanent, "a programming error no retry can fix")
+}
+
+// Renaming a phase strands no key: the workflow declares the former name,
+// and keys stopped there resume after the renamed phase. Without it, the
+// key is parked rather than retried forever.
+func TestRenamedPhaseResumesKeysAtItsFormerName(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	type st struct{ Steps []string }
+	var failSecond atomic.Bool
+	failSecond.Store(true)
+	second := atomicphase.Local("second", func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+		if failSecond.Load() {
+			return atomicphase.Outcome{}, errors.New("transient")
+		}
+		s.Steps = append(s.Steps, "second")
+		return atomicphase.Respond(200, []byte(strings.Join(s.Steps, ","))), nil
+	})
+	v1 := atomicphase.MustWorkflow("renamed", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("first", func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+			s.Steps = append(s.Steps, "first")
+			return atomicphase.Continue(), nil
+		}),
+		second,
+	}, nil)
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/r"}
+	_, err := b.runner.Run(b.ctx, v1, req)
+	require.Error(t, err)
+	failSecond.Store(false)
+
+	renamedWithout := atomicphase.MustWorkflow("renamed", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("prepare", func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+			return atomicphase.Continue(), nil
+		}),
+		second,
+	}, nil)
+	other, err := atomicphase.NewRunner(b.db.Pool, nil)
+	require.NoError(t, err)
+	_, err = other.Run(b.ctx, renamedWithout, req)
+	require.ErrorIs(t, err, atomicphase.ErrPermanent, "an unknown recovery point is no transient error")
+	isParked, why := parked(t, b, "u", "k")
+	require.True(t, isParked)
+	require.Contains(t, why, `"first"`)
+
+	renamed := atomicphase.MustWorkflow("renamed", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("prepare", func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+			return atomicphase.Continue(), nil
+		}).WithFormerNames("first"),
+		second,
+	}, nil)
+	third, err := atomicphase.NewRunner(b.db.Pool, nil)
+	require.NoError(t, err)
+	resp, err := third.Run(b.ctx, renamed, req)
+	require.NoError(t, err)
+	require.Equal(t, "first,second", string(resp.Body))
 }
