@@ -3,10 +3,10 @@
 # none is there, scripts/ensure-postgres installs the binaries with apt-get.
 
 GO ?= go
-# The library's module and the examples' module (go.work joins them, so one
-# go command covers both).
-MODULES := . examples
-PKGS := ./... ./examples/...
+# The library's module, the OpenTelemetry adapter's and the examples' (go.work
+# joins them, so one go command covers all three).
+MODULES := . apotel examples
+PKGS := ./... ./apotel/... ./examples/...
 
 .PHONY: help
 help: ## List the targets
@@ -33,7 +33,7 @@ test/race: postgres ## Run the whole test suite with the race detector
 	$(GO) test -race -count=1 $(PKGS)
 
 .PHONY: lint
-lint: ## Check formatting, go vet and a tidy go.mod in both modules
+lint: ## Check formatting, go vet and a tidy go.mod in every module
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	@for m in $(MODULES); do echo "(cd $$m && $(GO) mod tidy -diff)"; (cd $$m && $(GO) mod tidy -diff) || exit 1; done
