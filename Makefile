@@ -3,10 +3,11 @@
 # none is there, scripts/ensure-postgres installs the binaries with apt-get.
 
 GO ?= go
-# The library's module, the operator CLI's and the examples' (go.work joins
-# them, so one go command covers all three; ./... stops at a nested module).
-MODULES := . cmd/atomicphase examples
-PKGS := ./... ./cmd/atomicphase/... ./examples/...
+# The library's module and those of the OpenTelemetry adapter, the operator
+# CLI and the examples (go.work joins them, so one go command covers them
+# all; ./... stops at a nested module).
+MODULES := . apotel cmd/atomicphase examples
+PKGS := ./... ./apotel/... ./cmd/atomicphase/... ./examples/...
 
 .PHONY: help
 help: ## List the targets
