@@ -103,13 +103,14 @@ func (a *attempt) observedPhase(ctx context.Context, idx int, st *step, state []
 	}
 	start := time.Now()
 	ctx, end := a.r.span(ctx, Span{Kind: SpanPhase, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name})
+	defer endOnPanic(end)
 	res, err := a.runPhase(ctx, idx, st, state)
-	end(err)
 	e := Event{Kind: EventPhaseCommitted, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name, Duration: time.Since(start)}
 	if err != nil {
 		e.Kind, e.Err = EventPhaseFailed, err
 	}
-	a.r.observe(ctx, e)
+	a.r.observe(ctx, e) // while the phase's span is open
+	end(err)
 	return res, err
 }
 

@@ -60,9 +60,12 @@ const takeSQL = `
 UPDATE /* TEMPLATE: schema */idempotency_keys AS k
 SET locked_at = now(), lock_token = $4, updated_at = now(), parked_at = NULL,
     attempts = k.attempts + 1
+FROM (SELECT locked_at FROM /* TEMPLATE: schema */idempotency_keys
+      WHERE scope = $1 AND idempotency_key = $2) AS before
 WHERE k.scope = $1 AND k.idempotency_key = $2 AND k.response_status IS NULL
   AND /* TEMPLATE: schema */atomicphase_lock_takeable(k.locked_at, /* TEMPLATE: schema */atomicphase_stale_before($3))
-RETURNING k.workflow, k.recovery_point, k.next_phase, k.state, k.lock_token, k.downstream_salt, k.attempts`
+RETURNING k.workflow, k.recovery_point, k.next_phase, k.state, k.lock_token, k.downstream_salt, k.attempts,
+          before.locked_at IS NOT NULL`
 
 // releaseSQL releases a lock this attempt holds, leaving the recovery point
 // where the last committed phase put it. With an error ($4) it records why
@@ -153,7 +156,8 @@ func newLockToken() int64 {
 func (r *Runner) take(ctx context.Context, scope, key string, token int64) (*keyRow, error) {
 	row := keyRow{Acquired: true}
 	err := r.pool.QueryRow(ctx, r.sql.take, scope, key, r.cfg.LockTimeout.Microseconds(), token).
-		Scan(&row.Workflow, &row.RecoveryPoint, &row.JumpTarget, &row.State, &row.LockToken, &row.DownstreamSalt, &row.Attempts)
+		Scan(&row.Workflow, &row.RecoveryPoint, &row.JumpTarget, &row.State, &row.LockToken, &row.DownstreamSalt, &row.Attempts,
+			&row.TookOver)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

@@ -47,8 +47,10 @@ const (
 	// EventTTLPruned: the sweep deleted finished keys past their retention
 	// (Count says how many).
 	EventTTLPruned EventKind = "ttl_pruned"
-	// EventUnknownWorkflow: the sweep left keys alone whose workflow this
-	// process has not registered (Count says how many it saw).
+	// EventUnknownWorkflow: the sweep left keys alone whose workflow
+	// (Workflow) this process has not registered; Count says how many it
+	// saw. Every sweep reports the keys still waiting, so it is a level,
+	// not an increment.
 	EventUnknownWorkflow EventKind = "sweep.unknown_workflow"
 )
 

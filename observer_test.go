@@ -234,6 +234,6 @@ func TestObserverSeesTheSweep(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Completed)
 	require.Equal(t, 1, res.UnknownWorkflow)
-	require.Equal(t, []atomicphase.EventKind{atomicphase.EventUnknownWorkflow, atomicphase.EventFailedRetry,
+	require.Equal(t, []atomicphase.EventKind{atomicphase.EventUnknownWorkflow, atomicphase.EventTakeover,
 		atomicphase.EventPhaseCommitted, atomicphase.EventPhaseCommitted, atomicphase.EventZombieKey}, rec.take())
 }

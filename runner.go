@@ -121,9 +121,19 @@ func (r *Runner) Run(ctx context.Context, wf AnyWorkflow, req Request) (*Respons
 		return nil, err
 	}
 	ctx, end := r.span(ctx, Span{Kind: SpanRequest, Workflow: wf.Name(), Scope: req.Scope, Key: req.Key})
+	defer endOnPanic(end)
 	resp, err := r.acquireAndRun(ctx, wf, &req, fp, state)
 	end(err)
 	return resp, err
+}
+
+// endOnPanic ends a span with the panic going through, then lets it go on;
+// deferred, it does nothing when the function returns normally.
+func endOnPanic(end func(error)) {
+	if p := recover(); p != nil {
+		end(fmt.Errorf("panic: %v", p))
+		panic(p)
+	}
 }
 
 // acquireAndRun is the rest of Run, under the request's span: acquire the
@@ -201,7 +211,13 @@ func (r *Runner) Resume(ctx context.Context, scope, key string) (resp *Response,
 		return nil, err
 	}
 	ctx, end := r.span(ctx, Span{Kind: SpanRequest, Scope: scope, Key: key})
-	defer func() { end(err) }()
+	defer func() {
+		if p := recover(); p != nil {
+			end(fmt.Errorf("panic: %v", p))
+			panic(p)
+		}
+		end(err)
+	}()
 	row, err := r.take(ctx, scope, key, newLockToken())
 	if err != nil {
 		err = storeError("resume key", err)
@@ -214,15 +230,21 @@ func (r *Runner) Resume(ctx context.Context, scope, key string) (resp *Response,
 			return nil, err
 		}
 		if info.Response != nil {
+			r.observe(ctx, Event{Kind: EventReplay, Workflow: info.Workflow, Scope: scope, Key: key})
 			return info.Response, nil
 		}
+		r.observe(ctx, Event{Kind: EventInProgress, Workflow: info.Workflow, Scope: scope, Key: key})
 		return nil, inProgress(info.LockExpiresIn)
 	}
 	wf, ok := r.workflow(row.Workflow)
 	if !ok {
-		return nil, errors.Join(fmt.Errorf("%w: %q (key %q)", ErrUnknownWorkflow, row.Workflow, key),
+		return nil, errors.Join(fmt.Errorf("%w: %q", ErrUnknownWorkflow, row.Workflow),
 			r.unlock(ctx, scope, key, row.LockToken))
 	}
-	r.observe(ctx, Event{Kind: EventFailedRetry, Workflow: row.Workflow, Scope: scope, Key: key})
+	kind := EventFailedRetry
+	if row.TookOver {
+		kind = EventTakeover
+	}
+	r.observe(ctx, Event{Kind: kind, Workflow: row.Workflow, Scope: scope, Key: key})
 	return newAttempt(r, wf, scope, key, row).run(ctx, row)
 }

@@ -68,7 +68,9 @@ type SweepResult struct {
 	// Busy counts the keys another process or a client retry took first.
 	Busy int
 	// UnknownWorkflow counts the abandoned keys left alone because this
-	// process has not registered their workflow (up to 1000).
+	// process has not registered their workflow (up to
+	// MaxUnknownWorkflowKeys). It counts the same keys again on every
+	// sweep: it is a level, not an increment.
 	UnknownWorkflow int
 	// Reaped counts the finished keys deleted.
 	Reaped int
@@ -129,6 +131,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	for {
 		if _, err := s.RunOnce(ctx); err != nil && ctx.Err() == nil {
 			s.r.logKey(ctx, slog.LevelError, "atomicphase: sweep failed", "", "", "", "error", err)
+			s.r.observe(ctx, Event{Kind: EventStoreError, Err: err})
 		}
 		jitter := time.Duration(rand.Int64N(int64(s.cfg.Interval)/5*2+1)) - s.cfg.Interval/5
 		t := time.NewTimer(s.cfg.Interval + jitter)
@@ -164,7 +167,7 @@ func (s *Sweeper) RunOnce(ctx context.Context) (SweepResult, error) {
 // abandonedSQL picks abandoned keys of the registered workflows, the ones
 // waiting longest first.
 const abandonedSQL = `
-SELECT scope, idempotency_key FROM /* TEMPLATE: schema */idempotency_keys
+SELECT scope, idempotency_key, workflow FROM /* TEMPLATE: schema */idempotency_keys
 WHERE response_status IS NULL AND parked_at IS NULL
   AND workflow = ANY($1::text[])
   AND /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($2))
@@ -172,24 +175,43 @@ WHERE response_status IS NULL AND parked_at IS NULL
 ORDER BY updated_at
 LIMIT $3`
 
-// unknownSQL counts abandoned keys of workflows this process does not know.
+// unknownSQL counts abandoned keys of workflows this process does not know,
+// per workflow, up to maxUnknown keys in all.
 const unknownSQL = `
-SELECT count(*) FROM (
-    SELECT 1 FROM /* TEMPLATE: schema */idempotency_keys
+SELECT workflow, count(*)::int FROM (
+    SELECT workflow FROM /* TEMPLATE: schema */idempotency_keys
     WHERE response_status IS NULL AND parked_at IS NULL
       AND workflow <> ALL($1::text[])
       AND /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($2))
-    LIMIT 1000) AS unknown`
+    LIMIT $3) AS unknown
+GROUP BY workflow ORDER BY workflow`
+
+// MaxUnknownWorkflowKeys bounds SweepResult.UnknownWorkflow: a sweep counts
+// at most this many keys of workflows it does not know.
+const MaxUnknownWorkflowKeys = 1000
 
 func (s *Sweeper) complete(ctx context.Context, res *SweepResult) error {
 	r := s.r
 	names := r.workflowNames()
 	timeout := r.cfg.LockTimeout.Microseconds()
-	if err := r.pool.QueryRow(ctx, renderSQL(unknownSQL, r.cfg.Schema), names, timeout).Scan(&res.UnknownWorkflow); err != nil {
+	unknown, err := r.pool.Query(ctx, renderSQL(unknownSQL, r.cfg.Schema), names, timeout, MaxUnknownWorkflowKeys)
+	if err != nil {
 		return storeError("sweep: count keys of unknown workflows", err)
 	}
-	if res.UnknownWorkflow > 0 {
-		r.observe(ctx, Event{Kind: EventUnknownWorkflow, Count: res.UnknownWorkflow})
+	type perWorkflow struct {
+		workflow string
+		n        int
+	}
+	counts, err := pgx.CollectRows(unknown, func(row pgx.CollectableRow) (perWorkflow, error) {
+		var c perWorkflow
+		return c, row.Scan(&c.workflow, &c.n)
+	})
+	if err != nil {
+		return storeError("sweep: count keys of unknown workflows", err)
+	}
+	for _, c := range counts {
+		res.UnknownWorkflow += c.n
+		r.observe(ctx, Event{Kind: EventUnknownWorkflow, Workflow: c.workflow, Count: c.n})
 	}
 	if len(names) == 0 {
 		return nil
@@ -198,10 +220,10 @@ func (s *Sweeper) complete(ctx context.Context, res *SweepResult) error {
 	if err != nil {
 		return storeError("sweep: find abandoned keys", err)
 	}
-	type ref struct{ scope, key string }
+	type ref struct{ scope, key, workflow string }
 	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ref, error) {
 		var k ref
-		return k, row.Scan(&k.scope, &k.key)
+		return k, row.Scan(&k.scope, &k.key, &k.workflow)
 	})
 	if err != nil {
 		return storeError("sweep: find abandoned keys", err)
@@ -216,7 +238,7 @@ func (s *Sweeper) complete(ctx context.Context, res *SweepResult) error {
 		switch {
 		case err == nil && !resp.Replayed:
 			res.Completed++
-			r.observe(ctx, Event{Kind: EventZombieKey, Scope: k.scope, Key: k.key})
+			r.observe(ctx, Event{Kind: EventZombieKey, Workflow: k.workflow, Scope: k.scope, Key: k.key})
 		case err == nil, errors.Is(err, ErrInProgress), errors.Is(err, ErrLockLost):
 			res.Busy++ // someone else took it, or finished it, first
 		case errors.As(err, &pe):
