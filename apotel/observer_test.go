@@ -156,9 +156,9 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 		},
 		"atomicphase.lock.lost":              {"phase=charge," + wfOrder: 1},
 		"atomicphase.key.parked":             {"phase=charge," + wfOrder: 1},
-		"atomicphase.zombie_key":             {"": 1},
+		"atomicphase.zombie_key":             {"workflow=order": 1},
 		"atomicphase.ttl_pruned":             {"": 4}, // new, held, flaky, abandoned
-		"atomicphase.sweep.unknown_workflow": {"": 1},
+		"atomicphase.sweep.unknown_workflow": {"workflow=legacy": 1},
 		apotel.DurationMetric: {
 			"outcome=committed,phase=create," + wfOrder: 5,
 			"outcome=committed,phase=charge," + wfOrder: 4,
@@ -220,7 +220,14 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 		req := children[0]
 		require.Equal(t, apotel.RequestSpanName, req.Name(), w.step)
 		require.Equal(t, map[string]string{"workflow": w.workflow}, attrs(req.Attributes()), w.step)
-		require.Equal(t, w.events, eventNames(req), w.step)
+		// A phase's own event goes to its span, open when it is observed.
+		var requestEvents []string
+		for _, e := range w.events {
+			if e != committed && e != failed {
+				requestEvents = append(requestEvents, e)
+			}
+		}
+		require.Equal(t, requestEvents, eventNames(req), w.step)
 		wantCode := codes.Unset
 		if w.events[len(w.events)-1] == exception {
 			wantCode = codes.Error
@@ -235,10 +242,10 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 			require.Equal(t, map[string]string{"workflow": w.workflow, "phase": p.name}, attrs(got.Attributes()), w.step)
 			if p.failed {
 				require.Equal(t, codes.Error, got.Status().Code, "step %q phase %q", w.step, p.name)
-				require.Equal(t, []string{exception}, eventNames(got), "step %q phase %q", w.step, p.name)
+				require.Equal(t, []string{failed, exception}, eventNames(got), "step %q phase %q", w.step, p.name)
 			} else {
 				require.Equal(t, codes.Unset, got.Status().Code, "step %q phase %q", w.step, p.name)
-				require.Empty(t, got.Events(), "step %q phase %q", w.step, p.name)
+				require.Equal(t, []string{committed}, eventNames(got), "step %q phase %q", w.step, p.name)
 			}
 			require.Empty(t, tree.children[got.SpanContext().SpanID()], "a phase span has no children")
 		}
@@ -248,8 +255,8 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 	sweep := tree.named(t, "sweep")
 	require.Equal(t, []string{ev(atomicphase.EventUnknownWorkflow), ev(atomicphase.EventZombieKey), ev(atomicphase.EventTTLPruned)},
 		eventNames(sweep))
-	require.Equal(t, map[string]string{"count": "1"}, attrs(sweep.Events()[0].Attributes))
-	require.Equal(t, map[string]string{}, attrs(sweep.Events()[1].Attributes))
+	require.Equal(t, map[string]string{"count": "1", "workflow": "legacy"}, attrs(sweep.Events()[0].Attributes))
+	require.Equal(t, map[string]string{"workflow": "order"}, attrs(sweep.Events()[1].Attributes))
 	require.Equal(t, map[string]string{"count": "4"}, attrs(sweep.Events()[2].Attributes))
 }
 
