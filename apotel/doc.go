@@ -103,7 +103,7 @@
 //
 // Every decision is also a span event, named like its metric, with what the
 // event says as attributes: on the request span the acquisition decision,
-// then each phase's committed or failed event (the phase's span has ended
-// by then), a lost lock, a parked key. The sweep's events go to the span of
-// the context given to Sweeper.Run or RunOnce, if any.
+// a lost lock, a parked key; on each phase's span its committed or failed
+// event. The sweep's events go to the span of the context given to
+// Sweeper.Run or RunOnce, if any.
 package apotel
