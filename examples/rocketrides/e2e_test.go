@@ -166,7 +166,7 @@ func count(t *testing.T, db *atomicphasetest.DB, sql string, args ...any) int {
 
 // dbOptions gives each test a database with the example's schema, River's
 // and the seeds.
-var dbOptions = &atomicphasetest.Options{SetupID: "rocketrides-v2-river", Setup: app.Migrate}
+var dbOptions = &atomicphasetest.Options{SetupID: app.SchemaID(), Setup: app.Migrate}
 
 // world is what a server under test talks to: its own database, a fake
 // payment API and a fake mailer, each the test's own.

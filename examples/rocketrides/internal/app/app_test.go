@@ -29,7 +29,7 @@ func TestMain(m *testing.M) { os.Exit(atomicphasetest.Main(m)) }
 // dbOptions gives tests a database with the example's schema, River's and
 // the seeds.
 var dbOptions = &atomicphasetest.Options{
-	SetupID:    "rocketrides-v2-river",
+	SetupID:    SchemaID(),
 	Setup:      Migrate,
 	PoolConfig: func(cfg *pgxpool.Config) { cfg.MaxConns = 16 }, // River keeps one for LISTEN
 }

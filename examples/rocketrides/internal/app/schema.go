@@ -52,6 +52,20 @@ ON CONFLICT (email) DO NOTHING;`
 // lock of their own) could otherwise both run.
 const schemaLockID = 0x726f636b65747264 // "rocketrd"
 
+// SchemaID names what Migrate creates: the example's own schema revision and
+// River's newest migration. A test harness that keeps migrated template
+// databases (atomicphasetest.Options.SetupID) gets a new one when either
+// changes, a River upgrade included.
+func SchemaID() string {
+	id := "rocketrides-v2"
+	if m, err := rivermigrate.New(riverpgxv5.New(nil), nil); err == nil {
+		if all := m.AllVersions(); len(all) > 0 {
+			id += fmt.Sprintf("-river%03d", all[len(all)-1].Version)
+		}
+	}
+	return id
+}
+
 // Migrate applies the example's schema and seeds, then River's migrations
 // (the receipts' job table), idempotently, under a session advisory lock
 // held on a connection of its own.
