@@ -14,7 +14,7 @@ help: ## List the targets
 	@grep -E '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 .PHONY: demo
-demo: postgres ## Run the Rocket Rides demo: forty rides booked under crashes and kills
+demo: postgres ## Run the Rocket Rides demo: forty rides booked under crashes and kills, one finished by the sweep, receipts counted
 	$(GO) run ./examples/rocketrides/demo
 
 .PHONY: rocketrides

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -23,6 +24,7 @@ import (
 	"github.com/atomicphase/atomicphase/atomicphasetest"
 	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/app"
+	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/fakemailer"
 )
 
 var binary string // the example, built once by TestMain
@@ -72,7 +74,10 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func startServer(t *testing.T, dbURL, stripeURL, faults string) *server {
+// startServer starts the example against dbURL with LOCK_TIMEOUT=1s and
+// no faults, env (NAME=value items) added or overriding, and waits until it
+// is healthy.
+func startServer(t *testing.T, dbURL string, env ...string) *server {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -80,8 +85,8 @@ func startServer(t *testing.T, dbURL, stripeURL, faults string) *server {
 	require.NoError(t, ln.Close())
 	s := &server{url: "http://" + addr, log: &syncBuffer{}, exited: make(chan struct{})}
 	s.cmd = exec.Command(binary)
-	s.cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "ADDR="+addr, "STRIPE_API_BASE="+stripeURL,
-		"LOCK_TIMEOUT="+lockTimeout, "ATOMICPHASE_FAULTS="+faults)
+	s.cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "ADDR="+addr, "LOCK_TIMEOUT="+lockTimeout, "ATOMICPHASE_FAULTS=")
+	s.cmd.Env = append(s.cmd.Env, env...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	require.NoError(t, s.cmd.Start())
 	go func() { _ = s.cmd.Wait(); close(s.exited) }()
@@ -159,56 +164,109 @@ func count(t *testing.T, db *atomicphasetest.DB, sql string, args ...any) int {
 	return n
 }
 
+// dbOptions gives each test a database with the example's schema, River's
+// and the seeds.
+var dbOptions = &atomicphasetest.Options{SetupID: app.SchemaID(), Setup: app.Migrate}
+
+// world is what a server under test talks to: its own database, a fake
+// payment API and a fake mailer, each the test's own.
+type world struct {
+	db     *atomicphasetest.DB
+	pay    *fakestripe.Server
+	mailer *fakemailer.Server
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	w := &world{db: atomicphasetest.NewDB(t, dbOptions)}
+	var err error
+	w.pay, err = fakestripe.Start()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w.pay.Close() })
+	w.mailer, err = fakemailer.Start(nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w.mailer.Close() })
+	return w
+}
+
+// start starts the example against the world, env added (see startServer).
+func (w *world) start(t *testing.T, env ...string) *server {
+	t.Helper()
+	return startServer(t, w.db.URL, append([]string{"STRIPE_API_BASE=" + w.pay.URL, "MAILER_API_BASE=" + w.mailer.URL}, env...)...)
+}
+
+// waitReceipts waits up to the contract's 10 seconds for the mailer to
+// hold n receipts, and returns them.
+func (w *world) waitReceipts(t *testing.T, n int) []fakemailer.Receipt {
+	t.Helper()
+	require.Eventually(t, func() bool { return len(w.mailer.Receipts()) >= n }, 10*time.Second, 20*time.Millisecond,
+		"want %d receipts at the mailer, have %d", n, len(w.mailer.Receipts()))
+	return w.mailer.Receipts()
+}
+
+type booked struct {
+	RideID   int64  `json:"ride_id"`
+	ChargeID string `json:"charge_id"`
+}
+
+func decodeBooked(t *testing.T, r reply) booked {
+	t.Helper()
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	var b booked
+	require.NoError(t, json.Unmarshal(r.body, &b))
+	return b
+}
+
 // TestKillAtEveryFaultPoint SIGKILLs the server at each fault point while
 // it serves a ride, restarts it against the same database, retries the
-// request to a final answer, and checks the three invariants of README.md
-// against the payment API's distinct charges.
+// request to a final answer, and checks the invariants of README.md against
+// the payment API's distinct charges and the mailer's distinct receipts.
 func TestKillAtEveryFaultPoint(t *testing.T) {
 	t.Parallel()
 	for _, point := range app.FaultPoints {
 		t.Run(point, func(t *testing.T) {
 			t.Parallel()
-			db := atomicphasetest.NewDB(t, &atomicphasetest.Options{SetupID: "rocketrides-v1", Setup: app.Migrate})
-			pay, err := fakestripe.Start()
-			require.NoError(t, err)
-			defer pay.Close()
+			w := newWorld(t)
 			const user, key = "user@example.com", "ride-under-fire"
 
-			doomed := startServer(t, db.URL, pay.URL, "create_ride/"+point+":exit")
-			_, err = post(doomed.url, user, key, rideBody)
+			doomed := w.start(t, "ATOMICPHASE_FAULTS=create_ride/"+point+":exit")
+			_, err := post(doomed.url, user, key, rideBody)
 			require.Error(t, err, "the server died mid-request")
 			<-doomed.exited
 			ws, ok := doomed.cmd.ProcessState.Sys().(syscall.WaitStatus)
 			require.True(t, ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL, "killed by SIGKILL: %v\n%s", doomed.cmd.ProcessState, doomed.log)
 
-			restarted := startServer(t, db.URL, pay.URL, "")
+			restarted := w.start(t)
 			final := retryUntilFinal(t, restarted.url, user, key, rideBody)
-			require.Equal(t, 201, final.status, "%s", final.body)
+			ride := decodeBooked(t, final)
 
 			// Invariant 1 and 2: exactly one ride and one distinct charge.
-			require.Equal(t, 1, count(t, db, "SELECT count(*) FROM rides WHERE idempotency_key = $1", key))
-			require.Len(t, pay.Charges(), 1, "exactly one distinct charge at the payment API")
-			require.Equal(t, 1, count(t, db, "SELECT count(*) FROM rides WHERE stripe_charge_id = $1", pay.Charges()[0].ID))
+			require.Equal(t, 1, count(t, w.db, "SELECT count(*) FROM rides WHERE idempotency_key = $1", key))
+			require.Len(t, w.pay.Charges(), 1, "exactly one distinct charge at the payment API")
+			require.Equal(t, 1, count(t, w.db, "SELECT count(*) FROM rides WHERE stripe_charge_id = $1", w.pay.Charges()[0].ID))
 			// Invariant 3: every later retry gets the answer byte for byte.
 			again, err := post(restarted.url, user, key, rideBody)
 			require.NoError(t, err)
 			require.Equal(t, final.status, again.status)
 			require.Equal(t, final.body, again.body)
 			require.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+			// Invariant 4: exactly one receipt, for this ride.
+			receipts := w.waitReceipts(t, 1)
+			require.Len(t, receipts, 1)
+			require.Equal(t, ride.RideID, receipts[0].RideID)
+			require.Equal(t, ride.ChargeID, receipts[0].ChargeID)
+			require.Equal(t, 1, count(t, w.db, "SELECT count(*) FROM river_job"))
 		})
 	}
 }
 
 // TestConcurrentClientsAcrossAKill: clients hammer one key while the server
 // is killed after the charge and restarted; all converge on one answer, one
-// ride, one charge.
+// ride, one charge, one receipt.
 func TestConcurrentClientsAcrossAKill(t *testing.T) {
 	t.Parallel()
-	db := atomicphasetest.NewDB(t, &atomicphasetest.Options{SetupID: "rocketrides-v1", Setup: app.Migrate})
-	pay, err := fakestripe.Start()
-	require.NoError(t, err)
-	defer pay.Close()
-	doomed := startServer(t, db.URL, pay.URL, "create_ride/charge:after-foreign:exit")
+	w := newWorld(t)
+	doomed := w.start(t, "ATOMICPHASE_FAULTS=create_ride/charge:after-foreign:exit")
 
 	var mu sync.Mutex
 	url := doomed.url
@@ -230,7 +288,7 @@ func TestConcurrentClientsAcrossAKill(t *testing.T) {
 		}()
 	}
 	<-doomed.exited
-	restarted := startServer(t, db.URL, pay.URL, "")
+	restarted := w.start(t)
 	mu.Lock()
 	url = restarted.url
 	mu.Unlock()
@@ -239,8 +297,9 @@ func TestConcurrentClientsAcrossAKill(t *testing.T) {
 		require.Equal(t, 201, a.status)
 		require.Equal(t, answers[0].body, a.body)
 	}
-	require.Len(t, pay.Charges(), 1)
-	require.Equal(t, 1, count(t, db, "SELECT count(*) FROM rides"))
+	require.Len(t, w.pay.Charges(), 1)
+	require.Equal(t, 1, count(t, w.db, "SELECT count(*) FROM rides"))
+	require.Len(t, w.waitReceipts(t, 1), 1)
 }
 
 func TestMalformedFaultsStopStartUp(t *testing.T) {

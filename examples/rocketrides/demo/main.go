@@ -1,11 +1,13 @@
 // Command demo shows Rocket Rides surviving crashes: it starts a throwaway
-// PostgreSQL, the example server (as a real process) and a fake payment API,
-// then books a stream of rides while injecting a fault into every request —
-// crashes, errors, panics, killed database backends, lost commit
-// acknowledgements at every fault point, and real SIGKILLs of the server,
-// which it restarts — retrying each request with its key as a well-behaved
-// client does. It ends with the invariants counted at the database and the
-// payment API, and exits non-zero if any failed.
+// PostgreSQL, the example server (as a real process), a fake payment API and
+// a fake mailer, then books a stream of rides while injecting a fault into
+// every request — crashes, errors, panics, killed database backends, lost
+// commit acknowledgements at every fault point, and real SIGKILLs of the
+// server, which it restarts — retrying each request with its key as a
+// well-behaved client does. One more request is killed mid-way and never
+// retried: the server's sweep finishes it. It ends with the invariants
+// counted at the database, the payment API and the mailer, and exits
+// non-zero if any failed.
 //
 //	go run ./examples/rocketrides/demo
 package main
@@ -32,14 +34,18 @@ import (
 	"github.com/atomicphase/atomicphase/atomicphasetest"
 	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/app"
+	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/fakemailer"
 	"github.com/atomicphase/atomicphase/faultinject"
 )
 
 const (
-	serveEnv    = "ROCKETRIDES_DEMO_SERVE"
-	user        = "user@example.com"
-	rideBody    = `{"origin_lat": 37.77, "origin_lon": -122.42, "target_lat": 37.80, "target_lon": -122.27}`
-	lockTimeout = time.Second
+	serveEnv      = "ROCKETRIDES_DEMO_SERVE"
+	user          = "user@example.com"
+	rideBody      = `{"origin_lat": 37.77, "origin_lon": -122.42, "target_lat": 37.80, "target_lon": -122.27}`
+	lockTimeout   = time.Second
+	sweepInterval = 500 * time.Millisecond
+	// abandonFault kills the server after the charge; that client gives up.
+	abandonFault = "charge:after-foreign:exit"
 )
 
 func main() {
@@ -114,20 +120,38 @@ func run(requests, workers int) error {
 		return err
 	}
 	defer pay.Close()
-	fmt.Printf("· fake payment API at %s\n", pay.URL)
+	mailer, err := fakemailer.Start(nil)
+	if err != nil {
+		return err
+	}
+	defer mailer.Close()
+	fmt.Printf("· fake payment API at %s, fake mailer at %s\n", pay.URL, mailer.URL)
 
-	srv, err := newSupervisor(dbURL, pay.URL)
+	srv, err := newSupervisor(dbURL, pay.URL, mailer.URL)
 	if err != nil {
 		return err
 	}
 	defer srv.stop()
-	fmt.Printf("· rocketrides server at %s (LOCK_TIMEOUT=%s), booking %d rides with %d clients\n\n", srv.url, lockTimeout, requests, workers)
+	fmt.Printf("· rocketrides server at %s (LOCK_TIMEOUT=%s, SWEEP_INTERVAL=%s), booking %d rides with %d clients,\n"+
+		"  and one more whose client gives up when the server dies under it\n\n", srv.url, lockTimeout, sweepInterval, requests, workers)
 
 	runID := time.Now().Format("150405")
+	var printMu sync.Mutex
+	printf := func(format string, args ...any) {
+		printMu.Lock()
+		defer printMu.Unlock()
+		fmt.Printf(format, args...)
+	}
+
+	abandoned := fmt.Sprintf("demo-%s-gave-up", runID)
+	sweptIn, err := giveUp(ctx, srv.url, pool, abandoned, printf)
+	if err != nil {
+		return err
+	}
+
 	finals := make([]reply, requests)
 	jobs := make(chan int)
 	var wg sync.WaitGroup
-	var printMu sync.Mutex
 	for range workers {
 		wg.Add(1)
 		go func() {
@@ -137,9 +161,7 @@ func run(requests, workers int) error {
 				fault := plan(i)
 				final, attempts := book(srv.url, key, fault)
 				finals[i] = final
-				printMu.Lock()
-				fmt.Printf("%-20s fault %-38s attempts %-2d → %s\n", key, fault, attempts, describe(final))
-				printMu.Unlock()
+				printf("%-20s fault %-38s attempts %-2d → %s\n", key, fault, attempts, describe(final))
 			}
 		}()
 	}
@@ -148,6 +170,7 @@ func run(requests, workers int) error {
 	}
 	close(jobs)
 	wg.Wait()
+	_, swept := <-sweptIn
 
 	// Every key with a final answer must replay it byte for byte.
 	replayed := 0
@@ -170,15 +193,72 @@ func run(requests, workers int) error {
 			ok201++
 		}
 	}
+	receipts, onePerRide := awaitReceipts(mailer, charged)
+	total := requests + 1 // the abandoned one too
 	duplicates := len(charges) - charged
 	lost := requests - ok201
-	fmt.Printf("\n%d requests · %d rides · %d charges · %d duplicate charges · %d lost · %d replays byte-identical · %d server kills · %.1fs\n",
-		requests, rides, len(charges), duplicates, lost, replayed, srv.kills(), time.Since(start).Seconds())
-	if rides != requests || len(charges) != requests || duplicates != 0 || lost != 0 || replayed != requests {
+	if !swept {
+		lost++
+	}
+	fmt.Printf("\n%d requests · %d rides · %d charges · %d duplicate charges · %d lost · %d replays byte-identical · %d receipts · %d finished by the sweep · %d server kills · %.1fs\n",
+		total, rides, len(charges), duplicates, lost, replayed, receipts, btoi(swept), srv.kills(), time.Since(start).Seconds())
+	if rides != total || len(charges) != total || duplicates != 0 || lost != 0 || replayed != requests || receipts != total || !onePerRide {
 		return errors.New("an invariant failed: see the counts above")
 	}
-	fmt.Println("every invariant held: one ride and one charge per key, every answer replayed byte for byte")
+	fmt.Println("every invariant held: one ride, one charge and one receipt per key, every answer replayed byte for byte")
 	return nil
+}
+
+// giveUp sends key's request once, with a fault that kills the server
+// under it, and never retries: the server's sweep, not the client, is to
+// finish it. The channel yields how long after the crash it was finished,
+// or closes if it was not within half a minute.
+func giveUp(ctx context.Context, url string, pool *pgxpool.Pool, key string, printf func(string, ...any)) (<-chan time.Duration, error) {
+	if r, err := post(url, key, abandonFault); err == nil {
+		return nil, fmt.Errorf("the server answered a request it was to die in: %d %s", r.status, r.body)
+	}
+	crashed := time.Now()
+	printf("%-20s fault %-38s attempts 1  → no answer; the client gives up\n", key, abandonFault)
+	sweptIn := make(chan time.Duration, 1)
+	go func() {
+		defer close(sweptIn)
+		for range 600 {
+			var status *int
+			err := pool.QueryRow(ctx, "SELECT response_status FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2",
+				user, key).Scan(&status)
+			if err == nil && status != nil {
+				took := time.Since(crashed)
+				printf("%-20s ↻ finished by the server's sweep %.1fs after its client gave up → %d\n", key, took.Seconds(), *status)
+				sweptIn <- took
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	return sweptIn, nil
+}
+
+// awaitReceipts gives the receipts the contract's 10 seconds to reach the
+// mailer (a delivery cut short by a kill is rescued after a few) and counts
+// them, and whether each is for a distinct ride.
+func awaitReceipts(mailer *fakemailer.Server, want int) (int, bool) {
+	deadline := time.Now().Add(10 * time.Second)
+	for len(mailer.Receipts()) < want && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	receipts := mailer.Receipts()
+	rides := map[int64]bool{}
+	for _, r := range receipts {
+		rides[r.RideID] = true
+	}
+	return len(receipts), len(rides) == len(receipts)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // book sends the request with its fault on the first attempt, then retries
@@ -244,8 +324,8 @@ func describe(r reply) string {
 // supervisor runs the server as a child process on a fixed address and
 // restarts it whenever it dies.
 type supervisor struct {
-	url, addr, dbURL, payURL string
-	log                      *os.File
+	url, addr, dbURL, payURL, mailURL string
+	log                               *os.File
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -253,7 +333,7 @@ type supervisor struct {
 	stopped bool
 }
 
-func newSupervisor(dbURL, payURL string) (*supervisor, error) {
+func newSupervisor(dbURL, payURL, mailURL string) (*supervisor, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -264,7 +344,7 @@ func newSupervisor(dbURL, payURL string) (*supervisor, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &supervisor{url: "http://" + addr, addr: addr, dbURL: dbURL, payURL: payURL, log: log}
+	s := &supervisor{url: "http://" + addr, addr: addr, dbURL: dbURL, payURL: payURL, mailURL: mailURL, log: log}
 	if err := s.start(); err != nil {
 		return nil, err
 	}
@@ -278,7 +358,8 @@ func (s *supervisor) start() error {
 	}
 	cmd := exec.Command(self)
 	cmd.Env = append(os.Environ(), serveEnv+"=1", "DATABASE_URL="+s.dbURL, "ADDR="+s.addr,
-		"STRIPE_API_BASE="+s.payURL, "LOCK_TIMEOUT="+lockTimeout.String(), "ATOMICPHASE_FAULT_HEADER=1", faultinject.EnvVar+"=")
+		"STRIPE_API_BASE="+s.payURL, "MAILER_API_BASE="+s.mailURL, "LOCK_TIMEOUT="+lockTimeout.String(),
+		"SWEEP_INTERVAL="+sweepInterval.String(), "KEY_RETENTION=24h", "ATOMICPHASE_FAULT_HEADER=1", faultinject.EnvVar+"=")
 	cmd.Stdout, cmd.Stderr = s.log, s.log
 	if err := cmd.Start(); err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -11,42 +12,98 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/atomicphasetest"
 	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
+	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/fakemailer"
 	"github.com/atomicphase/atomicphase/internal/pgtemp"
 )
 
 func TestMain(m *testing.M) { os.Exit(atomicphasetest.Main(m)) }
 
-// DBOptions gives tests a database with the example's schema and seeds.
-var dbOptions = &atomicphasetest.Options{SetupID: "rocketrides-v1", Setup: Migrate}
+// dbOptions gives tests a database with the example's schema, River's and
+// the seeds.
+var dbOptions = &atomicphasetest.Options{
+	SetupID:    SchemaID(),
+	Setup:      Migrate,
+	PoolConfig: func(cfg *pgxpool.Config) { cfg.MaxConns = 16 }, // River keeps one for LISTEN
+}
 
 const rideBody = `{"origin_lat": 37.77, "origin_lon": -122.42, "target_lat": 37.80, "target_lon": -122.27}`
 
 type bundle struct {
-	db   *atomicphasetest.DB
-	fake *fakestripe.Server
-	srv  *httptest.Server
+	db       *atomicphasetest.DB
+	fake     *fakestripe.Server
+	mailer   *fakemailer.Server
+	receipts *Receipts
+	runner   *atomicphase.Runner
+	srv      *httptest.Server
 }
 
-func setup(t *testing.T, stripeBase string) *bundle {
+// setupOpts changes what setup builds; nil means a fake payment API and a
+// Runner with the default configuration.
+type setupOpts struct {
+	// stripeBase is the payment API; "" starts a fake.
+	stripeBase string
+	// runner configures the Runner.
+	runner *atomicphase.Config
+}
+
+// setup serves the example in process, as Run does: a database of the
+// test's own, the fakes, River delivering receipts, the Runner.
+func setup(t *testing.T, opts *setupOpts) *bundle {
 	t.Helper()
+	if opts == nil {
+		opts = &setupOpts{}
+	}
 	b := &bundle{db: atomicphasetest.NewDB(t, dbOptions)}
+	stripeBase := opts.stripeBase
 	if stripeBase == "" {
 		fake, err := fakestripe.Start()
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = fake.Close() })
 		b.fake, stripeBase = fake, fake.URL
 	}
-	runner, err := atomicphase.NewRunner(b.db.Pool, nil)
+	mailer, err := fakemailer.Start(nil)
 	require.NoError(t, err)
-	b.srv = httptest.NewServer(Handler(runner, b.db.Pool, NewWorkflow(stripeBase), t.Logf))
+	t.Cleanup(func() { _ = mailer.Close() })
+	b.mailer = mailer
+
+	logger := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	b.receipts, err = StartReceipts(b.db.Pool, mailer.URL, logger, t.Logf)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, b.receipts.Stop(ctx))
+	})
+	b.runner, err = atomicphase.NewRunner(b.db.Pool, opts.runner)
+	require.NoError(t, err)
+	b.srv = httptest.NewServer(Handler(b.runner, b.db.Pool, NewWorkflow(stripeBase, b.receipts), t.Logf))
 	t.Cleanup(b.srv.Close)
 	return b
+}
+
+// testWriter sends River's log lines to the test's log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// waitReceipts waits up to the contract's 10 seconds for the mailer to
+// hold n receipts, and returns them.
+func (b *bundle) waitReceipts(t *testing.T, n int) []fakemailer.Receipt {
+	t.Helper()
+	require.Eventually(t, func() bool { return len(b.mailer.Receipts()) >= n }, 10*time.Second, 20*time.Millisecond,
+		"want %d receipts at the mailer, have %d", n, len(b.mailer.Receipts()))
+	return b.mailer.Receipts()
 }
 
 type reply struct {
@@ -95,7 +152,7 @@ func requireProblem(t *testing.T, r reply, status int) {
 
 func TestHealthz(t *testing.T) {
 	t.Parallel()
-	b := setup(t, "")
+	b := setup(t, nil)
 	resp, err := http.Get(b.srv.URL + "/healthz")
 	require.NoError(t, err)
 	resp.Body.Close()
@@ -104,7 +161,7 @@ func TestHealthz(t *testing.T) {
 
 func TestRideBookedChargedAndReplayed(t *testing.T) {
 	t.Parallel()
-	b := setup(t, "")
+	b := setup(t, nil)
 	first := b.post(t, "user@example.com", `"ride-1"`, rideBody)
 	require.Equal(t, 201, first.status, "%s", first.body)
 	var out struct {
@@ -124,13 +181,19 @@ func TestRideBookedChargedAndReplayed(t *testing.T) {
 	require.Len(t, b.fake.Charges(), 1)
 	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM rides"))
 	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM audit_records WHERE resource_type = 'ride'"))
-	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM staged_jobs WHERE job_name = 'send_ride_receipt'"))
 	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM rides WHERE stripe_charge_id = $1", *out.ChargeID))
+
+	receipts := b.waitReceipts(t, 1)
+	require.Len(t, receipts, 1)
+	require.Equal(t, "user@example.com", receipts[0].To)
+	require.EqualValues(t, *out.RideID, receipts[0].RideID)
+	require.Equal(t, *out.ChargeID, receipts[0].ChargeID)
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM river_job WHERE kind = 'ride_receipt'"), "the replay queued nothing")
 }
 
 func TestDeclineIsAStored402(t *testing.T) {
 	t.Parallel()
-	b := setup(t, "")
+	b := setup(t, nil)
 	first := b.post(t, "user-bad-source@example.com", "k", rideBody)
 	require.Equal(t, 402, first.status, "%s", first.body)
 	replay := b.post(t, "user-bad-source@example.com", "k", rideBody)
@@ -139,11 +202,12 @@ func TestDeclineIsAStored402(t *testing.T) {
 	require.Equal(t, first.body, replay.body)
 	require.Empty(t, b.fake.Charges())
 	require.Equal(t, 1, b.fake.Requests(), "the replay did not call the payment API")
+	require.Zero(t, b.count(t, "SELECT count(*) FROM river_job"), "a declined ride queues no receipt")
 }
 
 func TestUnauthorizedStoresNothing(t *testing.T) {
 	t.Parallel()
-	b := setup(t, "")
+	b := setup(t, nil)
 	requireProblem(t, b.post(t, "", "k", rideBody), 401)
 	requireProblem(t, b.post(t, "stranger@example.com", "k", rideBody), 401)
 	requireProblem(t, b.post(t, "user\xff@example.com", "k", rideBody), 401) // not UTF-8: no such user, not a 503
@@ -152,7 +216,7 @@ func TestUnauthorizedStoresNothing(t *testing.T) {
 
 func TestKeyRequiredAndWellFormed(t *testing.T) {
 	t.Parallel()
-	b := setup(t, "")
+	b := setup(t, nil)
 	requireProblem(t, b.post(t, "user@example.com", "\x00none", rideBody), 400)
 	for _, key := range []string{``, `""`, strings.Repeat("k", 256), "caf\u00e9", `"a", "b"`} {
 		requireProblem(t, b.post(t, "user@example.com", key, rideBody), 400)
@@ -162,7 +226,7 @@ func TestKeyRequiredAndWellFormed(t *testing.T) {
 
 func TestInvalidBodyIs422AndACorrectedRetryIsProcessed(t *testing.T) {
 	t.Parallel()
-	b := setup(t, "")
+	b := setup(t, nil)
 	for _, body := range []string{`not json`, `{"origin_lat": 1}`, `{"origin_lat": 91, "origin_lon": 0, "target_lat": 0, "target_lon": 0}`,
 		`{"origin_lat": 0, "origin_lon": -181, "target_lat": 0, "target_lon": 0}`, `{"origin_lat": null, "origin_lon": 0, "target_lat": 0, "target_lon": 0}`,
 		`{"origin_lat": "0", "origin_lon": 0, "target_lat": 0, "target_lon": 0}`, `[]`} {
@@ -174,7 +238,7 @@ func TestInvalidBodyIs422AndACorrectedRetryIsProcessed(t *testing.T) {
 
 func TestSameKeyDifferentBodyIs422(t *testing.T) {
 	t.Parallel()
-	b := setup(t, "")
+	b := setup(t, nil)
 	require.Equal(t, 201, b.post(t, "user@example.com", "k", rideBody).status)
 	other := `{"origin_lat": 1, "origin_lon": 2, "target_lat": 3, "target_lon": 4}`
 	requireProblem(t, b.post(t, "user@example.com", "k", other), 422)
@@ -186,7 +250,7 @@ func TestSameKeyDifferentBodyIs422(t *testing.T) {
 
 func TestKeysAreScopedToTheUser(t *testing.T) {
 	t.Parallel()
-	b := setup(t, "")
+	b := setup(t, nil)
 	require.Equal(t, 201, b.post(t, "user@example.com", "shared", rideBody).status)
 	require.Equal(t, 402, b.post(t, "user-bad-source@example.com", "shared", rideBody).status)
 	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM rides"))
@@ -194,7 +258,7 @@ func TestKeysAreScopedToTheUser(t *testing.T) {
 
 func TestTransientPaymentFailureResumesAtTheCharge(t *testing.T) {
 	t.Parallel()
-	b := setup(t, "")
+	b := setup(t, nil)
 	b.fake.FailNext(1)
 	r := b.post(t, "user@example.com", "k", rideBody)
 	require.GreaterOrEqual(t, r.status, 500, "%s", r.body)
@@ -216,7 +280,7 @@ func TestUnreachablePaymentAPIIsTransient(t *testing.T) {
 	require.NoError(t, err)
 	dead := "http://" + ln.Addr().String()
 	require.NoError(t, ln.Close())
-	b := setup(t, dead)
+	b := setup(t, &setupOpts{stripeBase: dead})
 	r := b.post(t, "user@example.com", "k", rideBody)
 	require.GreaterOrEqual(t, r.status, 500)
 	require.Zero(t, b.count(t, "SELECT count(*) FROM idempotency_keys WHERE response_status IS NOT NULL"))
@@ -224,7 +288,7 @@ func TestUnreachablePaymentAPIIsTransient(t *testing.T) {
 
 func TestConcurrentDuplicatesChargeOnce(t *testing.T) {
 	t.Parallel()
-	b := setup(t, "")
+	b := setup(t, nil)
 	var wg sync.WaitGroup
 	statuses := make([]int, 20)
 	bodies := make([][]byte, 20)
@@ -253,6 +317,8 @@ func TestConcurrentDuplicatesChargeOnce(t *testing.T) {
 	require.NotNil(t, final)
 	require.Len(t, b.fake.Charges(), 1)
 	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM rides"))
+	require.Len(t, b.waitReceipts(t, 1), 1)
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM river_job"))
 }
 
 func TestNoDatabaseErrorSaysWhatToDo(t *testing.T) {

@@ -1,7 +1,9 @@
-// Package app is the Rocket Rides example server: POST /rides books a ride
-// and charges the rider's card, safely retryable with an Idempotency-Key,
-// on atomicphase. examples/rocketrides/README.md describes its behaviour:
-// start-up, environment, answers, the payment API call and the invariants.
+// Package app is the Rocket Rides example server: POST /rides books a ride,
+// charges the rider's card and queues the receipt, safely retryable with an
+// Idempotency-Key, on atomicphase; River delivers the receipts and the
+// sweep finishes what clients gave up. examples/rocketrides/README.md
+// describes its behaviour: start-up, environment, answers, the calls it
+// makes and the invariants.
 package app
 
 import (
@@ -12,7 +14,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -23,52 +24,17 @@ import (
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/aphttp"
 	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
+	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/fakemailer"
 	"github.com/atomicphase/atomicphase/faultinject"
 	"github.com/atomicphase/atomicphase/internal/pgtemp"
 )
 
-// Config is the server's configuration, read from the environment by
-// ConfigFromEnv.
-type Config struct {
-	// DatabaseURL is DATABASE_URL; empty starts a throwaway PostgreSQL
-	// from local server binaries.
-	DatabaseURL string
-	// Addr is ADDR, the listen address. Defaults to 127.0.0.1:8080.
-	Addr string
-	// StripeAPIBase is STRIPE_API_BASE; empty starts an in-process fake.
-	StripeAPIBase string
-	// LockTimeout is LOCK_TIMEOUT. Defaults to 90s.
-	LockTimeout time.Duration
-	// FaultHeader is ATOMICPHASE_FAULT_HEADER=1: honour the
-	// Atomicphase-Fault request header (a test hook for the demo).
-	FaultHeader bool
-}
-
-// ConfigFromEnv reads Config from the environment.
-func ConfigFromEnv() (Config, error) {
-	cfg := Config{
-		DatabaseURL:   os.Getenv("DATABASE_URL"),
-		Addr:          os.Getenv("ADDR"),
-		StripeAPIBase: strings.TrimRight(os.Getenv("STRIPE_API_BASE"), "/"),
-		LockTimeout:   atomicphase.DefaultLockTimeout,
-		FaultHeader:   os.Getenv("ATOMICPHASE_FAULT_HEADER") == "1",
-	}
-	if cfg.Addr == "" {
-		cfg.Addr = "127.0.0.1:8080"
-	}
-	if v := os.Getenv("LOCK_TIMEOUT"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			return cfg, fmt.Errorf("LOCK_TIMEOUT=%q: want a positive Go duration such as 90s", v)
-		}
-		cfg.LockTimeout = d
-	}
-	return cfg, nil
-}
-
-// Run starts the server and serves until ctx ends. Progress goes to logw.
+// Run starts the server and serves until ctx ends, then stops in order:
+// the listener (requests in flight finish), the sweep, the receipt
+// deliveries, the fakes, the database. Progress goes to logw.
 func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 	logf := func(format string, args ...any) { fmt.Fprintf(logw, "rocketrides: "+format+"\n", args...) }
+	logger := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	faults, err := faultinject.FromEnv() // a malformed ATOMICPHASE_FAULTS stops start-up here
 	if err != nil {
 		return err
@@ -83,7 +49,7 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 		logf("DATABASE_URL is empty: started a throwaway PostgreSQL from %s at %s", srv.Bin, pgtemp.Redact(srv.URL))
 		cfg.DatabaseURL = srv.URL
 	}
-	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+	pool, err := newPool(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
@@ -104,6 +70,32 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 		cfg.StripeAPIBase = fake.URL
 		logf("STRIPE_API_BASE is empty: using the in-process fake payment API at %s", fake.URL)
 	}
+	if cfg.MailerAPIBase == "" {
+		fake, err := fakemailer.Start(func(r fakemailer.Receipt) {
+			logf("fake mailer: %s, the receipt for ride %d (%s) to %s", r.ID, r.RideID, r.ChargeID, r.To)
+		})
+		if err != nil {
+			return err
+		}
+		defer fake.Close()
+		cfg.MailerAPIBase = fake.URL
+		logf("MAILER_API_BASE is empty: using the in-process fake mailer at %s", fake.URL)
+	}
+	if cfg.BankAPIBase != "" {
+		logf("BANK_API_BASE is set, but driver payouts are not implemented yet: ignoring it")
+	}
+
+	receipts, err := StartReceipts(pool, cfg.MailerAPIBase, logger, logf)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := receipts.Stop(sctx); err != nil {
+			logf("stopping receipt deliveries: %v", err)
+		}
+	}()
 
 	if faults != nil {
 		faults.Admin = pool
@@ -112,12 +104,28 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 	runner, err := atomicphase.NewRunner(pool, &atomicphase.Config{
 		LockTimeout:   cfg.LockTimeout,
 		FaultInjector: &faultinject.ContextInjector{Base: faults},
-		Logger:        slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Logger:        logger,
+		Observer:      sweepLog(logf),
 	})
 	if err != nil {
 		return err
 	}
-	handler := Handler(runner, pool, NewWorkflow(cfg.StripeAPIBase), logf)
+	wf := NewWorkflow(cfg.StripeAPIBase, receipts)
+	if err := runner.Register(wf); err != nil { // the sweep resumes its keys before any request
+		return err
+	}
+	if cfg.SweepInterval > 0 {
+		stop, err := startSweep(runner, cfg.SweepInterval, cfg.KeyRetention)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		logf("sweeping every %s: abandoned keys are finished, finished keys kept %s", cfg.SweepInterval, cfg.KeyRetention)
+	} else {
+		logf("SWEEP_INTERVAL=0: no sweep; abandoned keys wait for their clients, finished keys are kept")
+	}
+
+	handler := Handler(runner, pool, wf, logf)
 	if cfg.FaultHeader {
 		handler = faultinject.HeaderMiddleware(pool, handler)
 		logf("ATOMICPHASE_FAULT_HEADER=1: honouring the %s request header (test hook)", faultinject.FaultHeader)
@@ -139,6 +147,51 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return srv.Shutdown(shutdown)
+}
+
+// newPool connects to url with room for River (which keeps a connection
+// for LISTEN) beside the requests and the sweep, unless url sets
+// pool_max_conns itself.
+func newPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	if !strings.Contains(url, "pool_max_conns") {
+		cfg.MaxConns = max(cfg.MaxConns, 16)
+	}
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+// startSweep runs the sweep in the background until the returned function
+// is called, which waits for the sweep in progress to stop (a key it was
+// resuming rolls back its phase and is unlocked).
+func startSweep(runner *atomicphase.Runner, interval, retention time.Duration) (func(), error) {
+	sweeper, err := atomicphase.NewSweeper(runner, &atomicphase.SweepConfig{Interval: interval, Retention: retention})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = sweeper.Run(ctx) // returns nil when ctx ends; failed sweeps are logged
+	}()
+	return func() { cancel(); <-done }, nil
+}
+
+// sweepLog reports what the sweep did on the server's log.
+func sweepLog(logf func(string, ...any)) atomicphase.Observer {
+	return atomicphase.ObserverFunc(func(_ context.Context, e atomicphase.Event) {
+		switch e.Kind {
+		case atomicphase.EventZombieKey:
+			logf("sweep: finished key %q of %s, whose client gave up", e.Key, e.Scope)
+		case atomicphase.EventTTLPruned:
+			logf("sweep: deleted %d finished key(s) past KEY_RETENTION", e.Count)
+		case atomicphase.EventParked:
+			logf("key %q of %s parked for an operator: %v", e.Key, e.Scope, e.Err)
+		}
+	})
 }
 
 // noDatabaseError explains what to do when DATABASE_URL is empty and no

@@ -47,13 +47,13 @@ type RideInput struct {
 }
 
 // NewWorkflow builds create_ride: record the ride (and an audit record),
-// charge the card at the payment API at stripeBase, stage the receipt job
-// and respond 201. A declined card is a stored 402.
-func NewWorkflow(stripeBase string) *atomicphase.Workflow[Ride] {
+// charge the card at the payment API at stripeBase, queue the receipt with
+// receipts and respond 201. A declined card is a stored 402, and no receipt.
+func NewWorkflow(stripeBase string, receipts *Receipts) *atomicphase.Workflow[Ride] {
 	return atomicphase.MustWorkflow("create_ride", startRide, []atomicphase.Phase[Ride]{
 		atomicphase.Local("create_ride", createRide),
 		atomicphase.Foreign("charge", chargeFunc(stripeBase), recordCharge),
-		atomicphase.Local("send_receipt", sendReceipt),
+		atomicphase.Local("send_receipt", sendReceiptFunc(receipts)),
 	}, nil)
 }
 
@@ -145,14 +145,18 @@ func recordCharge(ctx context.Context, tx pgx.Tx, r *Ride) (atomicphase.Outcome,
 	return atomicphase.Continue(), err
 }
 
-func sendReceipt(ctx context.Context, tx pgx.Tx, r *Ride) (atomicphase.Outcome, error) {
-	if _, err := tx.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('send_ride_receipt', $1)`,
-		map[string]any{"amount": Amount, "currency": Currency, "customer_id": r.CustomerID, "ride_id": r.RideID, "user_id": r.UserID},
-	); err != nil {
-		return atomicphase.Outcome{}, err
+// sendReceiptFunc is the last phase: the receipt job is inserted through
+// the phase's transaction, so it commits with the stored 201 (and is
+// delivered) or rolls back with it (and a retry inserts it again); never
+// one without the other.
+func sendReceiptFunc(receipts *Receipts) atomicphase.LocalFunc[Ride] {
+	return func(ctx context.Context, tx pgx.Tx, r *Ride) (atomicphase.Outcome, error) {
+		if err := receipts.Enqueue(ctx, tx, r); err != nil {
+			return atomicphase.Outcome{}, err
+		}
+		body, err := json.Marshal(map[string]any{"ride_id": r.RideID, "charge_id": r.ChargeID, "amount": Amount, "currency": Currency})
+		return atomicphase.Respond(http.StatusCreated, body), err
 	}
-	body, err := json.Marshal(map[string]any{"ride_id": r.RideID, "charge_id": r.ChargeID, "amount": Amount, "currency": Currency})
-	return atomicphase.Respond(http.StatusCreated, body), err
 }
 
 // FaultPoints are the places the create_ride workflow passes, in the

@@ -1,0 +1,82 @@
+package app
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/atomicphase/atomicphase"
+)
+
+// Config is the server's configuration, read from the environment by
+// ConfigFromEnv.
+type Config struct {
+	// DatabaseURL is DATABASE_URL; empty starts a throwaway PostgreSQL
+	// from local server binaries.
+	DatabaseURL string
+	// Addr is ADDR, the listen address. Defaults to 127.0.0.1:8080.
+	Addr string
+	// StripeAPIBase is STRIPE_API_BASE; empty starts an in-process fake.
+	StripeAPIBase string
+	// MailerAPIBase is MAILER_API_BASE, where receipts go; empty starts an
+	// in-process fake.
+	MailerAPIBase string
+	// LockTimeout is LOCK_TIMEOUT. Defaults to 90s.
+	LockTimeout time.Duration
+	// SweepInterval is SWEEP_INTERVAL, the time between two sweeps; 0 runs
+	// no sweep. ConfigFromEnv defaults it to 5s.
+	SweepInterval time.Duration
+	// KeyRetention is KEY_RETENTION, how long the sweep keeps a finished
+	// key. Defaults to 24h.
+	KeyRetention time.Duration
+	// BankAPIBase is BANK_API_BASE. Driver payouts are not implemented
+	// yet: a value is reported at start-up and otherwise ignored.
+	BankAPIBase string
+	// FaultHeader is ATOMICPHASE_FAULT_HEADER=1: honour the
+	// Atomicphase-Fault request header (a test hook for the demo).
+	FaultHeader bool
+}
+
+// ConfigFromEnv reads Config from the environment. Every malformed
+// variable is reported, each with what it wants.
+func ConfigFromEnv() (Config, error) {
+	cfg := Config{
+		DatabaseURL:   os.Getenv("DATABASE_URL"),
+		Addr:          os.Getenv("ADDR"),
+		StripeAPIBase: strings.TrimRight(os.Getenv("STRIPE_API_BASE"), "/"),
+		MailerAPIBase: strings.TrimRight(os.Getenv("MAILER_API_BASE"), "/"),
+		BankAPIBase:   os.Getenv("BANK_API_BASE"),
+		LockTimeout:   atomicphase.DefaultLockTimeout,
+		SweepInterval: atomicphase.DefaultSweepInterval,
+		KeyRetention:  atomicphase.DefaultKeyRetention,
+		FaultHeader:   os.Getenv("ATOMICPHASE_FAULT_HEADER") == "1",
+	}
+	if cfg.Addr == "" {
+		cfg.Addr = "127.0.0.1:8080"
+	}
+	var errs []error
+	for _, v := range []struct {
+		name   string
+		dst    *time.Duration
+		zeroOK bool
+		want   string
+	}{
+		{"LOCK_TIMEOUT", &cfg.LockTimeout, false, "a positive Go duration such as 90s"},
+		{"SWEEP_INTERVAL", &cfg.SweepInterval, true, "a Go duration of at least 1ms such as 5s, or 0 to turn the sweep off"},
+		{"KEY_RETENTION", &cfg.KeyRetention, false, "a positive Go duration such as 24h"},
+	} {
+		s := os.Getenv(v.name)
+		if s == "" {
+			continue
+		}
+		d, err := time.ParseDuration(s)
+		if err != nil || d < 0 || (d == 0 && !v.zeroOK) || (d > 0 && d < time.Millisecond) {
+			errs = append(errs, fmt.Errorf("%s=%q: want %s", v.name, s, v.want))
+			continue
+		}
+		*v.dst = d
+	}
+	return cfg, errors.Join(errs...)
+}

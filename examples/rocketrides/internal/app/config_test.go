@@ -1,0 +1,45 @@
+package app
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestConfigFromEnvDefaults(t *testing.T) {
+	for _, v := range []string{"DATABASE_URL", "ADDR", "STRIPE_API_BASE", "MAILER_API_BASE", "BANK_API_BASE",
+		"LOCK_TIMEOUT", "SWEEP_INTERVAL", "KEY_RETENTION", "ATOMICPHASE_FAULT_HEADER"} {
+		t.Setenv(v, "")
+	}
+	cfg, err := ConfigFromEnv()
+	require.NoError(t, err)
+	require.Equal(t, Config{
+		Addr: "127.0.0.1:8080", LockTimeout: 90 * time.Second, SweepInterval: 5 * time.Second, KeyRetention: 24 * time.Hour,
+	}, cfg)
+}
+
+func TestConfigFromEnv(t *testing.T) {
+	t.Setenv("MAILER_API_BASE", "http://127.0.0.1:9/")
+	t.Setenv("SWEEP_INTERVAL", "0")
+	t.Setenv("KEY_RETENTION", "1ms")
+	t.Setenv("LOCK_TIMEOUT", "2s")
+	cfg, err := ConfigFromEnv()
+	require.NoError(t, err)
+	require.Equal(t, "http://127.0.0.1:9", cfg.MailerAPIBase)
+	require.Zero(t, cfg.SweepInterval, "0 turns the sweep off")
+	require.Equal(t, time.Millisecond, cfg.KeyRetention)
+	require.Equal(t, 2*time.Second, cfg.LockTimeout)
+}
+
+// TestConfigFromEnvNamesEveryBadDuration: each malformed duration is
+// reported, with what it wants.
+func TestConfigFromEnvNamesEveryBadDuration(t *testing.T) {
+	t.Setenv("LOCK_TIMEOUT", "0")
+	t.Setenv("SWEEP_INTERVAL", "-5s")
+	t.Setenv("KEY_RETENTION", "a day")
+	_, err := ConfigFromEnv()
+	for _, want := range []string{`LOCK_TIMEOUT="0"`, `SWEEP_INTERVAL="-5s"`, "or 0 to turn the sweep off", `KEY_RETENTION="a day"`} {
+		require.ErrorContains(t, err, want)
+	}
+}

@@ -1,0 +1,240 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	mrand "math/rand/v2"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+)
+
+// Receipts are a transactional outbox on River. The booking's last phase
+// inserts a receipt job with InsertTx on the phase's own transaction, so the
+// job exists exactly when the ride's final state (and the stored 201) does;
+// River's workers then deliver it to the mailer API, at least once, retrying
+// with a short backoff, and the mailer deduplicates by the job's
+// Idempotency-Key.
+
+// The delivery's timing. River rescues a job left running by a killed
+// process only after its leader (re-elected up to 15s after a kill) runs its
+// rescuer (every 30s), which would break the contract's "within 10 seconds of
+// the 201"; so Receipts rescues its own jobs, every rescueTick, once they have
+// run for longer than rescueAfter.
+const (
+	deliveryTimeout = 3 * time.Second // the mailer call, River's job timeout
+	rescueAfter     = deliveryTimeout + time.Second
+	rescueTick      = time.Second
+	fetchPoll       = 500 * time.Millisecond // how soon a due retry is picked up
+
+	// A failed delivery is retried after 250ms, doubling up to 4s, for
+	// about a minute and a half; then every few minutes, for about ten hours
+	// in all; then River discards the job (state discarded, with its
+	// errors, for an operator).
+	retryBase          = 250 * time.Millisecond
+	retryCap           = 4 * time.Second // below River's scheduler interval: the job stays "available"
+	fastRetries        = 30
+	slowRetry          = 5 * time.Minute
+	receiptMaxAttempts = 180
+	receiptKeyPrefix   = "rocketrides-receipt-"
+)
+
+// ReceiptArgs is the receipt job: what the mailer is sent, and the
+// Idempotency-Key every delivery attempt carries.
+type ReceiptArgs struct {
+	To       string `json:"to"`
+	RideID   int64  `json:"ride_id"`
+	ChargeID string `json:"charge_id"`
+	// Key is chosen when the job is inserted and stored with it, so every
+	// delivery attempt of this receipt sends the same one. It is random
+	// rather than derived from the ride: ride ids restart in every
+	// database, and two databases may share one mailer.
+	Key string `json:"key"`
+}
+
+// Kind is the job kind in river_job.
+func (ReceiptArgs) Kind() string { return "ride_receipt" }
+
+// InsertOpts gives receipts their own attempt budget.
+func (ReceiptArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{MaxAttempts: receiptMaxAttempts}
+}
+
+// Receipts delivers ride receipts: River's client, which both takes the
+// booking's InsertTx and runs the workers, and the rescuer of receipts left
+// running by a killed process.
+type Receipts struct {
+	client *river.Client[pgx.Tx]
+	pool   *pgxpool.Pool
+	logf   func(string, ...any)
+	stop   context.CancelFunc
+	done   chan struct{}
+}
+
+// StartReceipts starts delivering the receipts queued in pool's database
+// (River's schema must be there: see Migrate) to the mailer API at
+// mailerBase. River logs to logger; deliveries are reported through logf.
+// Stop it with Stop.
+func StartReceipts(pool *pgxpool.Pool, mailerBase string, logger *slog.Logger, logf func(string, ...any)) (*Receipts, error) {
+	workers := river.NewWorkers()
+	river.AddWorker(workers, &receiptWorker{
+		base:   mailerBase,
+		client: &http.Client{Timeout: deliveryTimeout},
+		logf:   logf,
+	})
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Queues:               map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 10}},
+		Workers:              workers,
+		JobTimeout:           deliveryTimeout,
+		RescueStuckJobsAfter: rescueAfter,
+		FetchPollInterval:    fetchPoll,
+		Logger:               logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("river client: %w", err)
+	}
+	// River's own context is not the caller's: Stop drains it gracefully
+	// instead of cancelling deliveries in flight.
+	if err := client.Start(context.Background()); err != nil {
+		return nil, fmt.Errorf("start river: %w", err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	r := &Receipts{client: client, pool: pool, logf: logf, stop: stop, done: make(chan struct{})}
+	go r.rescueLoop(ctx)
+	return r, nil
+}
+
+// Stop stops fetching receipts and waits, until ctx ends, for deliveries in
+// flight; after that it cancels them (River retries them on the next start).
+func (r *Receipts) Stop(ctx context.Context) error {
+	r.stop()
+	<-r.done
+	err := r.client.Stop(ctx)
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err = r.client.StopAndCancel(cctx)
+	}
+	return err
+}
+
+// Enqueue inserts the receipt for ride into tx, the booking phase's
+// transaction: it commits, and becomes visible to the workers, exactly
+// when the phase does, and rolls back with it.
+func (r *Receipts) Enqueue(ctx context.Context, tx pgx.Tx, ride *Ride) error {
+	_, err := r.client.InsertTx(ctx, tx, ReceiptArgs{
+		To: ride.Email, RideID: ride.RideID, ChargeID: ride.ChargeID,
+		Key: receiptKeyPrefix + rand.Text(),
+	}, nil)
+	if err != nil {
+		return fmt.Errorf("enqueue the receipt: %w", err)
+	}
+	return nil
+}
+
+// rescueSQL makes receipts that have been running for longer than a
+// delivery may take available again (or discards one out of attempts),
+// as River's own rescuer does: a single statement, so a job that finished
+// meanwhile is left alone. A job rescued from a process that is in fact
+// alive is delivered twice, and the mailer keeps one.
+const rescueSQL = `
+UPDATE river_job SET
+    state = CASE WHEN attempt >= max_attempts THEN 'discarded' ELSE 'available' END::river_job_state,
+    finalized_at = CASE WHEN attempt >= max_attempts THEN now() END,
+    scheduled_at = now(),
+    errors = array_append(errors, jsonb_build_object(
+        'at', now(), 'attempt', attempt, 'trace', '',
+        'error', 'rescued: still running after ' || $2::text || ', its process presumably died'))
+WHERE kind = $1 AND state = 'running' AND attempted_at < now() - $2::interval`
+
+func (r *Receipts) rescueLoop(ctx context.Context) {
+	defer close(r.done)
+	t := time.NewTicker(rescueTick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		tag, err := r.pool.Exec(ctx, rescueSQL, ReceiptArgs{}.Kind(), rescueAfter.String())
+		switch {
+		case err != nil && ctx.Err() == nil:
+			r.logf("rescuing receipts: %v", err)
+		case err == nil && tag.RowsAffected() > 0:
+			r.logf("rescued %d receipt(s) left running by a process that died", tag.RowsAffected())
+		}
+	}
+}
+
+// receiptWorker sends one receipt to the mailer API.
+type receiptWorker struct {
+	river.WorkerDefaults[ReceiptArgs]
+	base   string
+	client *http.Client
+	logf   func(string, ...any)
+}
+
+// Work posts the receipt. A 2xx is delivered; a connection error, a 5xx, a
+// 408 or a 429 is retried; any other answer is a refusal no retry changes,
+// so the job is cancelled (kept in river_job, with the error, for an
+// operator).
+func (w *receiptWorker) Work(ctx context.Context, job *river.Job[ReceiptArgs]) error {
+	a := job.Args
+	body, err := json.Marshal(map[string]any{"to": a.To, "ride_id": a.RideID, "charge_id": a.ChargeID})
+	if err != nil {
+		return river.JobCancel(err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.base+"/v1/messages", bytes.NewReader(body))
+	if err != nil {
+		return river.JobCancel(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", a.Key)
+	resp, err := w.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("receipt for ride %d: %w", a.RideID, err)
+	}
+	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	resp.Body.Close()
+	switch s := resp.StatusCode; {
+	case s >= 200 && s < 300:
+		w.logf("receipt for ride %d delivered to %s (attempt %d)", a.RideID, a.To, job.Attempt)
+		return nil
+	case s >= 500, s == http.StatusRequestTimeout, s == http.StatusTooManyRequests:
+		return fmt.Errorf("receipt for ride %d: the mailer answered %d: %s", a.RideID, s, answer)
+	default:
+		w.logf("the mailer refused the receipt for ride %d with %d: %s", a.RideID, s, answer)
+		return river.JobCancel(fmt.Errorf("receipt for ride %d: the mailer refused it with %d: %s", a.RideID, s, answer))
+	}
+}
+
+// NextRetry is receiptBackoff after the failed attempt.
+func (w *receiptWorker) NextRetry(job *river.Job[ReceiptArgs]) time.Time {
+	return time.Now().Add(receiptBackoff(job.Attempt))
+}
+
+// receiptBackoff is the rest after failed attempt n (from 1): retryBase
+// doubled per attempt up to retryCap, jittered down by up to half so that
+// receipts failing together do not return together; slowRetry once the fast
+// retries are spent.
+func receiptBackoff(n int) time.Duration {
+	d := retryCap
+	switch shift := max(n-1, 0); {
+	case n > fastRetries:
+		d = slowRetry
+	case shift < 5:
+		d = min(retryBase<<shift, retryCap)
+	}
+	return d/2 + mrand.N(d/2+1)
+}
