@@ -28,12 +28,22 @@ type attempt struct {
 	salt string
 	// attempts counts the acquisitions of the key, this one included.
 	attempts int
+	// fresh is true while no earlier attempt can have called the phase
+	// about to run: the key was recorded by this attempt, or this attempt
+	// committed the phase before it. A phase with a reconcile function is
+	// reconciled first unless fresh.
+	fresh bool
+	// resolve, when set, stands in for the reconcile function of the first
+	// phase this attempt resumes into (ResolveUnknown).
+	resolve func(state []byte) (bool, []byte, error)
 }
 
 // newAttempt makes the attempt for a key acquisition took, from the row it
 // returned.
 func newAttempt(r *Runner, wf AnyWorkflow, scope, key string, row *keyRow) *attempt {
-	a := &attempt{r: r, wf: wf, scope: scope, key: key, token: row.LockToken, attempts: row.Attempts}
+	// attempts is 1 only for the acquisition that recorded the key: a
+	// takeover or a Resume counts on from the row's own count.
+	a := &attempt{r: r, wf: wf, scope: scope, key: key, token: row.LockToken, attempts: row.Attempts, fresh: row.Attempts == 1}
 	if row.DownstreamSalt != nil {
 		a.salt = *row.DownstreamSalt
 	}
@@ -60,7 +70,7 @@ func (a *attempt) run(ctx context.Context, row *keyRow) (resp *Response, err err
 			// let the panic go on. A client retry still resumes it (after
 			// the fix, say).
 			why := fmt.Errorf("panic: %v\n%s", p, debug.Stack())
-			if perr := a.r.release(ctx, a.scope, a.key, a.token, why, 0, true); perr != nil {
+			if perr := a.r.release(ctx, a.scope, a.key, a.token, why, 0, true, false); perr != nil {
 				a.log(ctx, slog.LevelError, "atomicphase: parking after a panic failed", "error", perr)
 			} else {
 				a.r.observe(ctx, Event{Kind: EventParked, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Err: why})
@@ -93,6 +103,7 @@ func (a *attempt) run(ctx context.Context, row *keyRow) (resp *Response, err err
 			return res.resp, nil
 		}
 		idx, state = res.nextIdx, res.state
+		a.fresh = true // this attempt committed the phase before the next one
 	}
 }
 
@@ -123,15 +134,27 @@ func (a *attempt) runPhase(ctx context.Context, idx int, st *step, state []byte)
 			return phaseResult{}, err
 		}
 		fc := newForeignCall(downstreamKey(a.salt, a.wf.Name(), a.scope, a.key, st.downstreamName))
-		out, err := st.call(ctx, fc, state)
-		if ferr := a.fault(ctx, st.name, AfterForeign, nil); ferr != nil {
-			return phaseResult{}, ferr
-		}
-		if fc.wasViolated() {
-			err = Permanent(ErrSecondForeignCall) // even if the phase swallowed it
-		}
+		out, happened, err := a.reconcile(ctx, st, fc, state)
 		if err != nil {
 			return phaseResult{}, err
+		}
+		if !happened {
+			out, err = st.call(ctx, fc, state)
+			if ferr := a.fault(ctx, st.name, AfterForeign, nil); ferr != nil {
+				return phaseResult{}, ferr
+			}
+			if fc.wasViolated() {
+				err = Permanent(ErrSecondForeignCall) // even if the phase swallowed it
+			}
+			if err != nil && st.reconcile != nil && !errors.Is(err, ErrPermanent) {
+				// The call may have gone out: nothing may repeat it now
+				// before reconciliation tells.
+				err = outcomeUnknown(err)
+				a.r.observe(ctx, Event{Kind: EventUnknown, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name, Err: err})
+			}
+			if err != nil {
+				return phaseResult{}, err
+			}
 		}
 		state = out
 	}
@@ -149,6 +172,61 @@ func (a *attempt) runPhase(ctx context.Context, idx int, st *step, state []byte)
 			return res, err
 		}
 	}
+}
+
+// acceptResolution checks that the attempt resumes into a phase of
+// workflow that has a reconcile function, for ResolveUnknown.
+func (a *attempt) acceptResolution(row *keyRow, workflow string) error {
+	if row.Workflow != workflow {
+		return fmt.Errorf("%w: the key belongs to workflow %q, not %q", ErrNotUnknown, row.Workflow, workflow)
+	}
+	var jumpTarget string
+	if row.JumpTarget != nil {
+		jumpTarget = *row.JumpTarget
+	}
+	idx, err := a.wf.resumeAt(row.RecoveryPoint, jumpTarget)
+	steps := a.wf.phaseSteps()
+	if err != nil || idx >= len(steps) || steps[idx].reconcile == nil {
+		return fmt.Errorf("%w: it resumes after %q", ErrNotUnknown, row.RecoveryPoint)
+	}
+	return nil
+}
+
+// reconcile asks whether the call of st, a phase with a reconcile function
+// that this attempt resumed into, took effect before: it returns the state
+// with the call's result and happened true when it did, false when the call
+// must be made, and an error wrapping ErrOutcomeUnknown when it cannot
+// tell. A fresh attempt, or a phase whose downstream has idempotency keys,
+// needs no reconciling.
+func (a *attempt) reconcile(ctx context.Context, st *step, fc *ForeignCall, state []byte) ([]byte, bool, error) {
+	if st.reconcile == nil || a.fresh {
+		return nil, false, nil
+	}
+	e := Event{Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name}
+	var happened bool
+	var out []byte
+	var err error
+	if a.resolve != nil {
+		happened, out, err = a.resolve(state)
+		a.resolve = nil
+	} else {
+		happened, out, err = st.reconcile(ctx, fc, state)
+	}
+	switch {
+	case err != nil:
+		e.Kind, e.Err = EventReconcileFailed, err
+		a.r.observe(ctx, e)
+		if errors.Is(err, ErrPermanent) {
+			return nil, false, err
+		}
+		return nil, false, outcomeUnknown(fmt.Errorf("reconcile: %w", err))
+	case happened:
+		e.Kind = EventReconcileHappened
+	default:
+		e.Kind = EventReconcileNotHappened
+	}
+	a.r.observe(ctx, e)
+	return out, happened, nil
 }
 
 // commitPhase runs a phase's transaction on a connection of its own: the
@@ -268,12 +346,15 @@ func (a *attempt) fail(ctx context.Context, phase string, err error) error {
 		if park && !errors.Is(err, ErrPermanent) {
 			why = fmt.Errorf("attempt %d of %d failed: %w", a.attempts, a.r.cfg.MaxAttempts, why)
 		}
-		if rerr := a.r.release(ctx, a.scope, a.key, a.token, why, a.r.cfg.attemptBackoff(a.attempts), park); rerr != nil {
+		unknown := errors.Is(err, ErrOutcomeUnknown)
+		if rerr := a.r.release(ctx, a.scope, a.key, a.token, why, a.r.cfg.attemptBackoff(a.attempts), park, unknown); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("unlock: %w", rerr))
 		} else if park {
 			parked = true
 			a.log(ctx, slog.LevelError, "atomicphase: key parked", "phase", phase, "error", why)
 			a.r.observe(ctx, Event{Kind: EventParked, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: phase, Err: why})
+		} else if unknown {
+			a.r.observe(ctx, Event{Kind: EventReconcileScheduled, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: phase, Err: err})
 		}
 	}
 	return &PhaseError{Workflow: a.wf.Name(), Phase: phase, Err: err, Parked: parked}

@@ -94,6 +94,24 @@ var (
 	ErrPhaseTxControl = errors.New("atomicphase: the runner commits and rolls back phase transactions")
 )
 
+// ErrOutcomeUnknown means a foreign call to a downstream without
+// idempotency keys (a phase with WithReconcile) may or may not have taken
+// effect, and reconciliation has not told yet: the call failed after it may
+// have been sent, or the reconcile function could not answer. The key is
+// marked unknown and left for the sweep, a client retry or ResolveUnknown to
+// reconcile; nothing will send the call again before reconciliation shows
+// it did not take effect. A client should retry later (409 over HTTP).
+var ErrOutcomeUnknown = errors.New("atomicphase: outcome of a foreign call unknown")
+
+// outcomeUnknown wraps err, the failure that left a call's outcome unknown.
+func outcomeUnknown(err error) error { return &unknownError{err} }
+
+type unknownError struct{ err error }
+
+func (e *unknownError) Error() string        { return ErrOutcomeUnknown.Error() + ": " + e.err.Error() }
+func (e *unknownError) Unwrap() error        { return e.err }
+func (e *unknownError) Is(target error) bool { return target == ErrOutcomeUnknown }
+
 // ErrTooManyKeys means a new key was refused because its scope already has
 // Config.MaxUnfinishedPerScope unfinished keys. The error is a
 // *TooManyKeysError. Nothing was written; a retry once some of the scope's

@@ -49,9 +49,9 @@ func (r *Runner) ListKeys(ctx context.Context, f *KeyFilter) ([]*KeyInfo, error)
 		f = &KeyFilter{}
 	}
 	switch f.Status {
-	case "", KeyInProgress, KeyStale, KeyAbandoned, KeyParked, KeyFinished:
+	case "", KeyInProgress, KeyStale, KeyAbandoned, KeyUnknown, KeyParked, KeyFinished:
 	default:
-		return nil, fmt.Errorf("atomicphase: KeyFilter.Status %q is not a key status; use in_progress, stale, abandoned, parked or finished", f.Status)
+		return nil, fmt.Errorf("atomicphase: KeyFilter.Status %q is not a key status; use in_progress, stale, abandoned, unknown, parked or finished", f.Status)
 	}
 	limit := f.Limit
 	if limit <= 0 {

@@ -80,7 +80,8 @@ UPDATE /* TEMPLATE: schema */idempotency_keys SET
     last_error = coalesce($4::text, last_error),
     next_attempt_at = CASE WHEN $5::bigint IS NULL THEN next_attempt_at
                            ELSE now() + $5::bigint * interval '1 microsecond' END,
-    parked_at = CASE WHEN $6::boolean THEN now() ELSE parked_at END
+    parked_at = CASE WHEN $6::boolean THEN now() ELSE parked_at END,
+    unknown_at = CASE WHEN $7::boolean THEN coalesce(unknown_at, now()) ELSE unknown_at END
 WHERE scope = $1 AND idempotency_key = $2 AND lock_token = $3 AND response_status IS NULL`
 
 // maxLastError bounds the error text stored on a key.
@@ -172,14 +173,15 @@ func (r *Runner) take(ctx context.Context, scope, key string, token int64) (*key
 // must not leave its key locked for the lock timeout), bounded by
 // cleanupTimeout. An unlock with a token that moved on changes nothing.
 func (r *Runner) unlock(ctx context.Context, scope, key string, token int64) error {
-	return r.release(ctx, scope, key, token, nil, 0, false)
+	return r.release(ctx, scope, key, token, nil, 0, false, false)
 }
 
 // release unlocks the key an attempt holds with token. When why is set it
 // records the error and, unless park, when the sweep may try the key again
-// (retryIn from now); park marks the key parked for an operator. Like unlock
-// it runs even when ctx has ended.
-func (r *Runner) release(ctx context.Context, scope, key string, token int64, why error, retryIn time.Duration, park bool) error {
+// (retryIn from now); park marks the key parked for an operator; unknown
+// marks the outcome of its foreign call unknown. Like unlock it runs even
+// when ctx has ended.
+func (r *Runner) release(ctx context.Context, scope, key string, token int64, why error, retryIn time.Duration, park, unknown bool) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	var msg *string
@@ -192,7 +194,7 @@ func (r *Runner) release(ctx context.Context, scope, key string, token int64, wh
 			retryInUS = &us
 		}
 	}
-	_, err := r.pool.Exec(ctx, r.sql.release, scope, key, token, msg, retryInUS, park)
+	_, err := r.pool.Exec(ctx, r.sql.release, scope, key, token, msg, retryInUS, park, unknown)
 	return err
 }
 

@@ -47,6 +47,20 @@ const (
 	// EventTTLPruned: the sweep deleted finished keys past their retention
 	// (Count says how many).
 	EventTTLPruned EventKind = "ttl_pruned"
+	// EventUnknown: a call to a downstream without idempotency keys failed
+	// after it may have been sent; its outcome is unknown (Err says how).
+	EventUnknown EventKind = "reserve.unknown"
+	// EventReconcileScheduled: a key whose call's outcome is unknown was
+	// released for reconciliation later (by the sweep or a retry).
+	EventReconcileScheduled EventKind = "reconcile.scheduled"
+	// EventReconcileHappened: reconciliation found that the call took
+	// effect; its result is recorded and the call is not made again.
+	EventReconcileHappened EventKind = "reconcile.resolved_happened"
+	// EventReconcileNotHappened: reconciliation found that the call did not
+	// take effect; it is made (again).
+	EventReconcileNotHappened EventKind = "reconcile.resolved_not_happened"
+	// EventReconcileFailed: the reconcile function could not tell.
+	EventReconcileFailed EventKind = "reconcile.failed"
 	// EventUnknownWorkflow: the sweep left keys alone whose workflow
 	// (Workflow) this process has not registered; Count says how many it
 	// saw. Every sweep reports the keys still waiting, so it is a level,

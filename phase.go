@@ -23,6 +23,15 @@ type LocalFunc[S any] func(ctx context.Context, tx pgx.Tx, state *S) (Outcome, e
 // the same downstream key).
 type CallFunc[S any] func(ctx context.Context, call *ForeignCall, state *S) error
 
+// ReconcileFunc asks a downstream without idempotency keys whether a
+// foreign phase's call took effect: typically a lookup by a reference
+// derived from call.Key(), which the call sent along. It returns happened
+// true, having recorded the result in state as the call function would
+// have, when the call took effect; false when it did not, so that the call
+// may be made; and an error when it cannot tell (the lookup is down), which
+// leaves the outcome unknown for a later try.
+type ReconcileFunc[S any] func(ctx context.Context, call *ForeignCall, state *S) (happened bool, err error)
+
 // Phase is one step of a Workflow: one database transaction holding at most
 // one foreign side effect. Build phases with Local and Foreign.
 type Phase[S any] struct {
@@ -32,6 +41,7 @@ type Phase[S any] struct {
 	isolation   pgx.TxIsoLevel
 	jumps       []string
 	formerNames []string
+	reconcile   ReconcileFunc[S]
 }
 
 // Local declares a phase that only touches the database.
@@ -75,6 +85,30 @@ func (p Phase[S]) WithJumps(targets ...string) Phase[S] {
 // them.
 func (p Phase[S]) WithFormerNames(names ...string) Phase[S] {
 	p.formerNames = append(append([]string(nil), p.formerNames...), names...)
+	return p
+}
+
+// WithReconcile returns a copy of a foreign phase p whose downstream has no
+// idempotency keys (a bank transfer API, a legacy order system): a call it
+// receives twice takes effect twice. The Runner then sends the call at most
+// once unless reconcile has shown that it did not take effect:
+//
+//   - in the attempt that committed the previous phase (or recorded the key),
+//     no call can have gone out before, and the call is made at once, at no
+//     extra cost;
+//   - an attempt that resumes into p (after a crash, a failure, or with the
+//     sweep) asks reconcile first, and makes the call only if it did not
+//     happen;
+//   - a call that fails (a timeout, a lost answer, a 5xx that may have
+//     executed) leaves the outcome unknown: the key records it, with when to
+//     reconcile, and the attempt fails with ErrOutcomeUnknown (409 over
+//     HTTP) rather than repeat the call.
+//
+// A call function that knows its call did not take effect (a 4xx refusal)
+// records that in the state and returns nil, or returns Permanent. p must
+// be a foreign phase.
+func (p Phase[S]) WithReconcile(reconcile ReconcileFunc[S]) Phase[S] {
+	p.reconcile = reconcile
 	return p
 }
 

@@ -3,6 +3,7 @@ package atomicphase
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -206,7 +207,14 @@ func (r *Runner) maxUnfinished() *int32 {
 // workflow must be registered with this Runner. A finished key returns its
 // stored response; a key never recorded returns ErrKeyNotFound; a key whose
 // workflow is not registered returns ErrUnknownWorkflow and is left unlocked.
-func (r *Runner) Resume(ctx context.Context, scope, key string) (resp *Response, err error) {
+func (r *Runner) Resume(ctx context.Context, scope, key string) (*Response, error) {
+	return r.resume(ctx, scope, key, "", nil)
+}
+
+// resume is Resume; with resolve set it is ResolveUnknown's: the key's
+// workflow must be named workflow, and resolve stands in for the reconcile
+// function of the phase the attempt resumes into, which must have one.
+func (r *Runner) resume(ctx context.Context, scope, key, workflow string, resolve func([]byte) (bool, []byte, error)) (resp *Response, err error) {
 	if err := validateKey(scope, key, r.cfg.MaxKeyLength); err != nil {
 		return nil, err
 	}
@@ -245,6 +253,52 @@ func (r *Runner) Resume(ctx context.Context, scope, key string) (resp *Response,
 	if row.TookOver {
 		kind = EventTakeover
 	}
+	a := newAttempt(r, wf, scope, key, row)
+	if resolve != nil {
+		if err := a.acceptResolution(row, workflow); err != nil {
+			return nil, errors.Join(err, r.unlock(ctx, scope, key, row.LockToken))
+		}
+		a.resolve = resolve
+	}
 	r.observe(ctx, Event{Kind: kind, Workflow: row.Workflow, Scope: scope, Key: key})
-	return newAttempt(r, wf, scope, key, row).run(ctx, row)
+	return a.run(ctx, row)
+}
+
+// ErrNotUnknown is returned by ResolveUnknown for a key that is not waiting
+// at a phase with a reconcile function: there is nothing to resolve.
+var ErrNotUnknown = errors.New("atomicphase: key is not waiting to reconcile a call")
+
+// ResolveUnknown settles, from outside, whether the foreign call of an
+// unfinished key took effect — a downstream's webhook telling that a payout
+// was made, say, or an operator who checked by hand — and carries the
+// request on from there, as Resume does. resolve gets the key's state: it
+// returns happened true after recording the call's result in the state (as
+// the phase's call function would have), or false for a call that did not
+// take effect, which is then made; an error leaves the outcome unknown.
+//
+// It takes the key through the normal acquisition path, fenced like any
+// attempt: while a client retry or the sweep holds the key it returns
+// ErrInProgress, and of a webhook and a sweep reconciling at once exactly
+// one resolution is applied. It returns ErrNotUnknown, and changes nothing,
+// when the key is not waiting at a phase of wf with a reconcile function;
+// a finished key returns its stored response.
+func ResolveUnknown[S any](ctx context.Context, r *Runner, wf *Workflow[S], scope, key string, resolve func(state *S) (happened bool, err error)) (*Response, error) {
+	if wf == nil || resolve == nil {
+		return nil, errors.New("atomicphase: ResolveUnknown needs a workflow and a resolve function")
+	}
+	if err := r.register(wf); err != nil {
+		return nil, err
+	}
+	return r.resume(ctx, scope, key, wf.Name(), func(raw []byte) (bool, []byte, error) {
+		var s S
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return false, nil, Permanent(fmt.Errorf("decode state: %w", err))
+		}
+		happened, err := resolve(&s)
+		if err != nil || !happened {
+			return false, nil, err
+		}
+		b, err := encodeState(&s)
+		return true, b, err
+	})
 }

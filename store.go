@@ -60,6 +60,9 @@ type KeyInfo struct {
 	// NextAttemptAt is when the sweep may try the key again after a failed
 	// attempt; nil when it may at once.
 	NextAttemptAt *time.Time
+	// UnknownAt is when the outcome of the key's foreign call became
+	// unknown; nil unless it is.
+	UnknownAt *time.Time
 	// ParkedAt is when the key was parked (it failed permanently, or
 	// Config.MaxAttempts times); nil unless it is.
 	ParkedAt *time.Time
@@ -83,6 +86,11 @@ const (
 	// KeyAbandoned: unfinished and unlocked: its last attempt failed (or
 	// was cancelled), and a retry or the sweep resumes it.
 	KeyAbandoned KeyStatus = "abandoned"
+	// KeyUnknown: unfinished and unlocked, waiting for reconciliation: a
+	// call to a downstream without idempotency keys may or may not have
+	// taken effect. The sweep or a retry reconciles it after NextAttemptAt;
+	// ResolveUnknown settles it from outside.
+	KeyUnknown KeyStatus = "unknown"
 	// KeyParked: unfinished, unlocked and left for an operator; the sweep
 	// does not try it, a client retry still resumes it.
 	KeyParked KeyStatus = "parked"
@@ -94,6 +102,7 @@ const (
 const keyStatusSQL = `CASE
     WHEN response_status IS NOT NULL THEN 'finished'
     WHEN parked_at IS NOT NULL THEN 'parked'
+    WHEN unknown_at IS NOT NULL AND locked_at IS NULL THEN 'unknown'
     WHEN locked_at IS NULL THEN 'abandoned'
     WHEN /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($3)) THEN 'stale'
     ELSE 'in_progress' END`
@@ -102,7 +111,7 @@ const keyStatusSQL = `CASE
 const keyInfoColumns = `scope, idempotency_key AS key, workflow, recovery_point,
        ` + keyStatusSQL + ` AS status,
        locked_at IS NOT NULL AS locked, lock_token, state, attempts, last_error,
-       next_attempt_at, parked_at,
+       next_attempt_at, parked_at, unknown_at,
        extract(epoch FROM locked_at - /* TEMPLATE: schema */atomicphase_stale_before($3))::float8 AS lock_expires_in,
        response_status AS status_code, response_header AS header, response_body AS body,
        created_at, updated_at, finished_at`
@@ -145,6 +154,7 @@ func (row *keyInfoRow) info() *KeyInfo {
 // each; keep the list in step with the newest migration.
 var schemaObjects = []struct{ kind, name string }{
 	{"table", "idempotency_keys"},
+	{"column", "idempotency_keys.unknown_at"},
 	{"function", "atomicphase_acquire(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)"},
 	{"function", "atomicphase_checkpoint(text, text, bigint, text, text, bytea, integer, jsonb, bytea)"},
 	{"function", "atomicphase_stale_before(bigint)"},
@@ -154,8 +164,13 @@ var schemaObjects = []struct{ kind, name string }{
 const checkSchemaSQL = `
 SELECT coalesce(array_agg(o.name ORDER BY o.ord), '{}')
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS o(kind, name, ord)
-WHERE CASE o.kind WHEN 'table' THEN to_regclass(o.name) IS NULL
-                  ELSE to_regprocedure(o.name) IS NULL END`
+WHERE CASE o.kind
+        WHEN 'table' THEN to_regclass(o.name) IS NULL
+        WHEN 'column' THEN NOT EXISTS (
+            SELECT FROM pg_attribute
+            WHERE attrelid = to_regclass(substring(o.name FROM '^(.*)\.[^.]*$'))
+              AND attname = substring(o.name FROM '[^.]*$') AND NOT attisdropped)
+        ELSE to_regprocedure(o.name) IS NULL END`
 
 // CheckSchema reports whether the database has the key table and functions
 // this version of the library needs, in Config.Schema. Call it at start-up:

@@ -58,6 +58,9 @@ type step struct {
 	isolation      pgx.TxIsoLevel
 	// call is nil for local phases.
 	call func(ctx context.Context, fc *ForeignCall, state []byte) ([]byte, error)
+	// reconcile is set for a foreign phase whose downstream has no
+	// idempotency keys (WithReconcile).
+	reconcile func(ctx context.Context, fc *ForeignCall, state []byte) (bool, []byte, error)
 	// local is nil for a foreign phase that records nothing of its own.
 	local func(ctx context.Context, tx pgx.Tx, state []byte) ([]byte, Outcome, error)
 	jumps []string
@@ -113,6 +116,9 @@ func NewWorkflow[In, S any](name string, start StartFunc[In, S], phases []Phase[
 		}
 		if p.local == nil && p.call == nil {
 			errs = append(errs, fmt.Errorf("phase %q has no function", p.name))
+		}
+		if p.reconcile != nil && p.call == nil {
+			errs = append(errs, fmt.Errorf("phase %q has a reconcile function but makes no foreign call; WithReconcile is for foreign phases", p.name))
 		}
 		iso := p.isolation
 		if iso == "" {
@@ -211,6 +217,21 @@ func makeStep[S any](p Phase[S], iso pgx.TxIsoLevel) step {
 				return nil, err
 			}
 			return encodeState(&s)
+		}
+	}
+	if p.reconcile != nil {
+		reconcile := p.reconcile
+		st.reconcile = func(ctx context.Context, fc *ForeignCall, raw []byte) (bool, []byte, error) {
+			var s S
+			if err := json.Unmarshal(raw, &s); err != nil {
+				return false, nil, Permanent(fmt.Errorf("decode state: %w", err))
+			}
+			happened, err := reconcile(ctx, fc, &s)
+			if err != nil || !happened {
+				return false, nil, err
+			}
+			b, err := encodeState(&s)
+			return true, b, err
 		}
 	}
 	if p.local != nil {

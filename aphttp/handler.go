@@ -191,6 +191,10 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 	case errors.As(err, &inProgress):
 		WriteProblem(w, Problem{Type: ProblemInProgress, Title: "A request with this Idempotency-Key is in progress", Status: http.StatusConflict,
 			Detail: "retry after the Retry-After delay to get its result"}, retryAfterSeconds(inProgress.RetryAfter.Seconds()))
+	case errors.Is(err, atomicphase.ErrOutcomeUnknown):
+		h.report(r, err)
+		WriteProblem(w, Problem{Type: ProblemOutcomeUnknown, Title: "The outcome of this request's call is not known yet", Status: http.StatusConflict,
+			Detail: "a call this request made may or may not have taken effect, and is being reconciled; it will not be repeated. Retry after the Retry-After delay"}, 1)
 	case errors.Is(err, atomicphase.ErrLockLost):
 		// A newer attempt took the key over; it owns the answer now.
 		WriteProblem(w, Problem{Type: ProblemInProgress, Title: "A request with this Idempotency-Key is in progress", Status: http.StatusConflict,

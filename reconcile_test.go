@@ -1,0 +1,323 @@
+package atomicphase_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+)
+
+// bank is a downstream without idempotency keys, as a legacy payout API is:
+// every call it takes effect on is a payout. It counts payouts per
+// reference, and answers lookups by reference.
+type bank struct {
+	mu      sync.Mutex
+	payouts map[string][]string // reference → payout ids
+	calls   atomic.Int32
+	// fail says how the next calls go wrong (consumed one per call).
+	fail []string // "act-then-lose", "act-then-5xx", "refuse-5xx", "timeout"
+	// lookupDown makes lookups fail while positive (counted down per lookup).
+	lookupDown atomic.Int32
+	lookups    atomic.Int32
+}
+
+func newBank() *bank { return &bank{payouts: map[string][]string{}} }
+
+var errBank = errors.New("bank: 503")
+
+func (b *bank) pay(ctx context.Context, ref string) (string, error) {
+	b.calls.Add(1)
+	b.mu.Lock()
+	mode := ""
+	if len(b.fail) > 0 {
+		mode, b.fail = b.fail[0], b.fail[1:]
+	}
+	act := func() string {
+		id := fmt.Sprintf("po_%d", len(b.payouts[ref])+1)
+		b.payouts[ref] = append(b.payouts[ref], id)
+		return id
+	}
+	defer b.mu.Unlock()
+	switch mode {
+	case "act-then-lose":
+		act()
+		return "", errors.New("connection reset after sending")
+	case "act-then-5xx":
+		act()
+		return "", errBank
+	case "refuse-5xx":
+		return "", errBank
+	case "timeout":
+		act()
+		return "", context.DeadlineExceeded
+	}
+	return act(), nil
+}
+
+func (b *bank) lookup(ref string) ([]string, error) {
+	b.lookups.Add(1)
+	if b.lookupDown.Add(-1) >= 0 {
+		return nil, errors.New("bank: lookup down")
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.payouts[ref]...), nil
+}
+
+func (b *bank) effects(ref string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.payouts[ref])
+}
+
+func (b *bank) only(t *testing.T) (string, []string) {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	require.Len(t, b.payouts, 1, "one reference")
+	for ref, ids := range b.payouts {
+		return ref, ids
+	}
+	return "", nil
+}
+
+type payout struct {
+	PayoutID string `json:"payout_id,omitempty"`
+}
+
+// payoutWorkflow pays through the bank with the downstream key as the
+// reference, reconciling by that reference.
+func payoutWorkflow(bk *bank) *atomicphase.Workflow[payout] {
+	return atomicphase.MustWorkflow("payout", startEmpty[payout], []atomicphase.Phase[payout]{
+		atomicphase.Local("prepare", func(context.Context, pgx.Tx, *payout) (atomicphase.Outcome, error) {
+			return atomicphase.Continue(), nil
+		}),
+		atomicphase.Foreign("pay", func(ctx context.Context, call *atomicphase.ForeignCall, p *payout) error {
+			return call.Do(ctx, func(ctx context.Context, ref string) error {
+				id, err := bk.pay(ctx, ref)
+				p.PayoutID = id
+				return err
+			})
+		}, func(ctx context.Context, tx pgx.Tx, p *payout) (atomicphase.Outcome, error) {
+			return atomicphase.Respond(201, []byte(p.PayoutID)), nil
+		}).WithReconcile(func(ctx context.Context, call *atomicphase.ForeignCall, p *payout) (bool, error) {
+			ids, err := bk.lookup(call.Key())
+			if err != nil || len(ids) == 0 {
+				return false, err
+			}
+			p.PayoutID = ids[0]
+			return true, nil
+		}),
+	}, nil)
+}
+
+func payoutRequest(key string) atomicphase.Request {
+	return atomicphase.Request{Scope: "driver_1", Key: key, Method: "POST", Path: "/payouts"}
+}
+
+// Each way a payout's outcome becomes unknown, retried to the end: exactly
+// one payout at the bank, and the workflow finishes with it recorded.
+func TestUnknownOutcomeIsReconciledNotRepeated(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"act-then-lose", "act-then-5xx", "timeout"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, nil)
+			bk := newBank()
+			bk.fail = []string{mode}
+			wf := payoutWorkflow(bk)
+			_, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+			require.ErrorIs(t, err, atomicphase.ErrOutcomeUnknown)
+			require.True(t, atomicphase.Retryable(err))
+			info, err := b.runner.Inspect(b.ctx, "driver_1", "k")
+			require.NoError(t, err)
+			require.Equal(t, atomicphase.KeyUnknown, info.Status)
+			require.NotNil(t, info.UnknownAt)
+			require.NotNil(t, info.NextAttemptAt, "when to reconcile")
+
+			resp, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+			require.NoError(t, err)
+			ref, ids := bk.only(t)
+			require.Len(t, ids, 1, "one payout for %s", ref)
+			require.Equal(t, ids[0], string(resp.Body), "the payout found is the one recorded")
+			require.EqualValues(t, 1, bk.calls.Load(), "the call was never sent again")
+			info, err = b.runner.Inspect(b.ctx, "driver_1", "k")
+			require.NoError(t, err)
+			require.Equal(t, atomicphase.KeyFinished, info.Status)
+			require.Nil(t, info.UnknownAt, "the commit cleared the mark")
+		})
+	}
+}
+
+// A process killed right after the call was sent leaves no mark at all; the
+// attempt that resumes into the phase reconciles first all the same.
+func TestCrashAfterTheCallIsReconciled(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &atomicphase.Config{FaultInjector: crashOnce("pay", atomicphase.AfterForeign)})
+	bk := newBank()
+	wf := payoutWorkflow(bk)
+	_, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+	require.ErrorIs(t, err, atomicphase.ErrCrashed)
+	ageLocks(t, b)
+	resp, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+	require.NoError(t, err)
+	_, ids := bk.only(t)
+	require.Equal(t, []string{string(resp.Body)}, ids)
+	require.EqualValues(t, 1, bk.calls.Load())
+	require.EqualValues(t, 1, bk.lookups.Load())
+}
+
+// When the bank never acted, reconciliation says so and the call is made,
+// once.
+func TestNotHappenedIsCalledOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	bk := newBank()
+	bk.fail = []string{"refuse-5xx"}
+	wf := payoutWorkflow(bk)
+	_, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+	require.ErrorIs(t, err, atomicphase.ErrOutcomeUnknown, "a 5xx may have executed")
+	require.Zero(t, len(bk.payouts), "this bank did not act")
+	resp, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+	require.NoError(t, err)
+	_, ids := bk.only(t)
+	require.Equal(t, []string{string(resp.Body)}, ids)
+	require.EqualValues(t, 2, bk.calls.Load(), "the refused call and the one made after reconciliation")
+}
+
+// While reconciliation cannot tell, retries answer "unknown" (409 over
+// HTTP) and send nothing; afterwards the request finishes with one payout.
+func TestReconcileFailingForAWhileSendsNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	bk := newBank()
+	bk.fail = []string{"act-then-lose"}
+	wf := payoutWorkflow(bk)
+	_, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+	require.ErrorIs(t, err, atomicphase.ErrOutcomeUnknown)
+	bk.lookupDown.Store(3)
+	for range 3 {
+		_, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+		require.ErrorIs(t, err, atomicphase.ErrOutcomeUnknown)
+	}
+	require.EqualValues(t, 1, bk.calls.Load(), "no call while the outcome was unknown")
+	resp, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+	require.NoError(t, err)
+	_, ids := bk.only(t)
+	require.Equal(t, []string{string(resp.Body)}, ids)
+	require.EqualValues(t, 1, bk.calls.Load())
+}
+
+// The sweep reconciles an unknown outcome with no client involved, after
+// the reconcile-after time; a reconcile that keeps failing parks the key.
+func TestSweepReconcilesAndParksWhatItCannotTell(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &atomicphase.Config{AttemptBackoff: time.Millisecond, MaxAttempts: 3})
+	bk := newBank()
+	bk.fail = []string{"act-then-5xx", "act-then-5xx"}
+	wf := payoutWorkflow(bk)
+	_, err := b.runner.Run(b.ctx, wf, payoutRequest("done"))
+	require.ErrorIs(t, err, atomicphase.ErrOutcomeUnknown)
+	_, err = b.runner.Run(b.ctx, wf, payoutRequest("stuck"))
+	require.ErrorIs(t, err, atomicphase.ErrOutcomeUnknown)
+	require.EqualValues(t, 2, bk.calls.Load())
+
+	time.Sleep(5 * time.Millisecond) // past the reconcile-after times
+	bk.lookupDown.Store(100)
+	s := newSweeper(t, b, nil)
+	for range 3 {
+		_, err := s.RunOnce(b.ctx)
+		require.NoError(t, err)
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, key := range []string{"done", "stuck"} {
+		info, err := b.runner.Inspect(b.ctx, "driver_1", key)
+		require.NoError(t, err)
+		require.Equal(t, atomicphase.KeyParked, info.Status, key)
+		require.Contains(t, *info.LastError, "reconcile")
+	}
+	require.EqualValues(t, 2, bk.calls.Load(), "nothing sent while the outcome was unknown")
+
+	bk.lookupDown.Store(0)
+	require.NoError(t, b.runner.Unpark(b.ctx, "driver_1", "done"))
+	res, err := s.RunOnce(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Completed)
+	info, err := b.runner.Inspect(b.ctx, "driver_1", "done")
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.KeyFinished, info.Status)
+	require.EqualValues(t, 2, bk.calls.Load())
+}
+
+// A webhook telling the outcome and a sweep reconciling at the same time:
+// exactly one resolution is applied, fenced like any attempt.
+func TestResolveUnknownRacesTheSweep(t *testing.T) {
+	t.Parallel()
+	for round := range 5 {
+		t.Run(fmt.Sprint(round), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, &atomicphase.Config{AttemptBackoff: time.Millisecond})
+			bk := newBank()
+			bk.fail = []string{"act-then-lose"}
+			wf := payoutWorkflow(bk)
+			_, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+			require.ErrorIs(t, err, atomicphase.ErrOutcomeUnknown)
+			time.Sleep(3 * time.Millisecond)
+			_, ids := bk.only(t)
+
+			var applied atomic.Int32
+			var wg sync.WaitGroup
+			wg.Add(2)
+			var hookErr error
+			go func() {
+				defer wg.Done()
+				_, hookErr = atomicphase.ResolveUnknown(b.ctx, b.runner, wf, "driver_1", "k", func(p *payout) (bool, error) {
+					applied.Add(1)
+					p.PayoutID = ids[0]
+					return true, nil
+				})
+			}()
+			go func() {
+				defer wg.Done()
+				_, err := newSweeper(t, b, nil).RunOnce(b.ctx)
+				require.NoError(t, err)
+			}()
+			wg.Wait()
+			if hookErr != nil {
+				require.ErrorIs(t, hookErr, atomicphase.ErrInProgress, "the sweep held the key")
+			}
+			info, err := b.runner.Inspect(b.ctx, "driver_1", "k")
+			require.NoError(t, err)
+			require.Equal(t, atomicphase.KeyFinished, info.Status)
+			require.Equal(t, ids[0], string(info.Response.Body))
+			require.EqualValues(t, 1, bk.calls.Load())
+			require.LessOrEqual(t, applied.Load()+bk.lookups.Load(), int32(1), "one resolution")
+		})
+	}
+}
+
+// ResolveUnknown on a key that is not waiting at a reconcilable phase
+// changes nothing.
+func TestResolveUnknownRefusesOtherKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	bk := newBank()
+	wf := payoutWorkflow(bk)
+	var c counters
+	other := orderWorkflow(t, &c, hooks{finish: func(context.Context, pgx.Tx, *orderState) error { return errors.New("transient") }})
+	_, err := b.runner.Run(b.ctx, other, orderRequest("driver_1", "order"))
+	require.Error(t, err)
+	_, err = atomicphase.ResolveUnknown(b.ctx, b.runner, wf, "driver_1", "order", func(*payout) (bool, error) { return true, nil })
+	require.ErrorIs(t, err, atomicphase.ErrNotUnknown)
+	info, err := b.runner.Inspect(b.ctx, "driver_1", "order")
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.KeyAbandoned, info.Status, "released as it was")
+}
