@@ -17,7 +17,7 @@ import (
 // them.
 var statuses = []atomicphase.KeyStatus{
 	atomicphase.KeyInProgress, atomicphase.KeyStale, atomicphase.KeyAbandoned,
-	atomicphase.KeyParked, atomicphase.KeyFinished,
+	atomicphase.KeyUnknown, atomicphase.KeyParked, atomicphase.KeyFinished,
 }
 
 // lastErrorWidth is how much of a key's last error the table shows; inspect
@@ -43,6 +43,8 @@ A key's status is one of:
   in_progress  an attempt holds its lock
   stale        its lock is older than --lock-timeout: the holder died or is slow
   abandoned    unfinished and unlocked: the sweep (or a client retry) resumes it
+  unknown      a call to a downstream without idempotency keys may or may not
+               have taken effect: the sweep (or a retry) reconciles it
   parked       failed permanently or too often: left for an operator
   finished     its response is stored and replayed
 
