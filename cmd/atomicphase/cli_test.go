@@ -45,7 +45,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
 		{[]string{"keys", "--colour"}, "unknown flag: --colour"},
 		{[]string{"keys", "extra"}, `unexpected argument "extra"`},
-		{[]string{"keys", "--status", "done"}, `--status "done" is not a key status; use one of in_progress, stale, abandoned, parked, finished`},
+		{[]string{"keys", "--status", "done"}, `--status "done" is not a key status; use one of in_progress, stale, abandoned, unknown, parked, finished`},
 		{[]string{"keys", "--limit", "0"}, "--limit 0"},
 		{[]string{"keys", "--older-than", "soon"}, `invalid argument "soon"`},
 		{[]string{"inspect", "only-scope"}, "inspect takes two arguments, SCOPE and KEY; got 1"},
