@@ -24,9 +24,21 @@ rocketrides: postgres ## Serve the Rocket Rides example on 127.0.0.1:8080
 quickstart: postgres ## Run the quickstart example end to end
 	$(GO) run ./examples/quickstart
 
+# pgx's query exec modes besides its default (cache_statement); the core
+# suite runs once in each (atomicphasetest reads ATOMICPHASE_TEST_EXEC_MODE).
+EXEC_MODES := cache_describe describe_exec exec simple_protocol
+
 .PHONY: test
-test: postgres ## Run the whole test suite against a real PostgreSQL
+test: postgres ## Run the whole test suite, then the core suite in every other pgx exec mode
 	$(GO) test -count=1 $(PKGS)
+	@$(MAKE) --no-print-directory test/execmodes
+
+.PHONY: test/execmodes
+test/execmodes: postgres ## Run the core suite once per non-default pgx query exec mode
+	@for mode in $(EXEC_MODES); do \
+	  echo "ATOMICPHASE_TEST_EXEC_MODE=$$mode $(GO) test -count=1 ."; \
+	  ATOMICPHASE_TEST_EXEC_MODE=$$mode $(GO) test -count=1 . || exit 1; \
+	done
 
 .PHONY: test/race
 test/race: postgres ## Run the whole test suite with the race detector

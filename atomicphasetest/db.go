@@ -133,6 +133,10 @@ func Open(ctx context.Context, opts *Options) (*DB, error) {
 	if opts.Setup != nil && opts.SetupID == "" {
 		return nil, errors.New("atomicphasetest: Options.Setup needs a SetupID naming what it creates")
 	}
+	mode, err := execModeFromEnv()
+	if err != nil {
+		return nil, err
+	}
 	srv, admin, err := server(ctx)
 	if err != nil {
 		return nil, err
@@ -149,6 +153,7 @@ func Open(ctx context.Context, opts *Options) (*DB, error) {
 	if db.URL, err = withDatabase(srv.URL, name); err != nil {
 		return nil, errors.Join(err, db.Close())
 	}
+	db.URL = withExecMode(db.URL, mode)
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
 		return nil, errors.Join(err, db.Close())

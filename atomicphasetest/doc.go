@@ -29,6 +29,17 @@
 //		...
 //	}
 //
+// # Query exec modes
+//
+// ATOMICPHASE_TEST_EXEC_MODE (ExecModeEnv) runs every database's pool in a
+// chosen pgx query exec mode: cache_statement (pgx's default),
+// cache_describe, describe_exec, exec or simple_protocol. The last three
+// are what works behind PgBouncer in transaction pooling mode; `make
+// test/execmodes` runs atomicphase's core suite once in each mode but the
+// default.
+//
+//	ATOMICPHASE_TEST_EXEC_MODE=exec go test ./...
+//
 // # Exploring faults
 //
 // Explore runs a Scenario once cleanly, recording the fault points it
