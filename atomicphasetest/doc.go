@@ -40,6 +40,19 @@
 //
 //	ATOMICPHASE_TEST_EXEC_MODE=exec go test ./...
 //
+// # PgBouncer
+//
+// Options.PgBouncer connects a database's pool through a real PgBouncer in
+// transaction pooling mode, started once per process in front of the
+// server when the pgbouncer binary is installed (on PATH or in /usr/sbin;
+// Debian/Ubuntu: apt-get install pgbouncer): on a free loopback port, a
+// wildcard [databases] entry so every per-test database is reachable,
+// auth_type any (loopback tests only), four server connections per
+// database, its configuration and log in a temporary directory that is
+// removed with it, and the same watchdog as the throwaway server. Without
+// the binary the test is skipped; SkipWithoutPgBouncer skips a parent test
+// once instead of each subtest.
+//
 // # Exploring faults
 //
 // Explore runs a Scenario once cleanly, recording the fault points it

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,4 +97,50 @@ func childServer() {
 	}
 	fmt.Println(srv.URL, srv.dir)
 	time.Sleep(time.Minute)
+}
+
+func TestBouncerPoolsTransactionsAndStopRemovesEverything(t *testing.T) {
+	t.Parallel()
+	needBinaries(t)
+	if _, err := findBouncer(); err != nil {
+		t.Skip("needs pgbouncer (apt-get install pgbouncer):", err)
+	}
+	ctx := context.Background()
+	srv, err := Start(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, srv.Stop()) })
+	direct, err := pgx.Connect(ctx, srv.URL)
+	require.NoError(t, err)
+	_, err = direct.Exec(ctx, "CREATE DATABASE other")
+	require.NoError(t, err)
+	require.NoError(t, direct.Close(ctx))
+
+	b, err := StartBouncer(ctx, srv.URL)
+	require.NoError(t, err)
+	require.DirExists(t, b.dir)
+	cfg, err := pgx.ParseConfig(strings.Replace(b.URL, "/postgres?", "/other?", 1))
+	require.NoError(t, err)
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
+	// More clients than server connections, each in a transaction of its
+	// own: PgBouncer hands them the same few backends.
+	backends := map[int32]bool{}
+	for range 2 * BouncerPoolSize {
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		var db string
+		var pid int32
+		require.NoError(t, conn.QueryRow(ctx, "SELECT current_database(), pg_backend_pid()").Scan(&db, &pid))
+		require.Equal(t, "other", db, "the wildcard entry passes the database name through")
+		backends[pid] = true
+	}
+	require.LessOrEqual(t, len(backends), BouncerPoolSize)
+
+	require.NoError(t, b.Stop())
+	require.NoDirExists(t, b.dir)
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err = pgx.ConnectConfig(cctx, cfg)
+	require.Error(t, err, "PgBouncer is down")
+	require.NoError(t, b.Stop(), "a second Stop does nothing")
 }
