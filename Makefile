@@ -40,6 +40,18 @@ test/execmodes: postgres ## Run the core suite once per non-default pgx query ex
 	  ATOMICPHASE_TEST_EXEC_MODE=$$mode $(GO) test -count=1 . || exit 1; \
 	done
 
+# The oldest and newest supported PostgreSQL major versions; any of 14 to 18
+# can be named: make test/versions PG_VERSIONS="15 16 17".
+PG_VERSIONS := 14 18
+
+.PHONY: test/versions
+test/versions: ## Run the core suite on PostgreSQL 14 and 18 (server binaries from npm)
+	@for v in $(PG_VERSIONS); do \
+	  bin=$$(./scripts/postgres-version $$v) || exit 1; \
+	  echo "$$("$$bin/postgres" --version): ATOMICPHASE_TEST_PG_BIN=$$bin $(GO) test -count=1 ."; \
+	  env -u TEST_DATABASE_URL -u DATABASE_URL ATOMICPHASE_TEST_PG_BIN="$$bin" $(GO) test -count=1 . || exit 1; \
+	done
+
 .PHONY: test/race
 test/race: postgres ## Run the whole test suite with the race detector
 	$(GO) test -race -count=1 $(PKGS)

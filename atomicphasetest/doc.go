@@ -14,6 +14,13 @@
 // container started through dockertest when a Docker engine answers; else
 // the test fails naming all three options.
 //
+// ATOMICPHASE_TEST_PG_BIN names the directory of initdb and postgres to
+// start the throwaway cluster from, instead of looking on PATH and under
+// /usr/lib/postgresql: to run the suite on another major version. The
+// repository's scripts/postgres-version MAJOR unpacks one (14 to 18) from
+// npm and prints that directory; `make test/versions` runs atomicphase's
+// core suite on 14 and 18 that way. It has no effect when a URL is set.
+//
 // Each NewDB call gets its own database, cloned in milliseconds from a
 // template that was migrated once per process. A throwaway cluster lives in
 // /dev/shm when there is room, where a clone takes ~20ms instead of ~300ms.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -66,6 +67,21 @@ func TestFindBinariesNamesWhereItLooked(t *testing.T) {
 	dir, err := findBinaries()
 	require.NoError(t, err)
 	require.True(t, hasBinaries(dir))
+}
+
+func TestFindBinariesTakesBinEnvAlone(t *testing.T) {
+	empty := t.TempDir()
+	t.Setenv(BinEnv, empty)
+	_, err := findBinaries()
+	require.ErrorIs(t, err, ErrNoBinaries, "no fallback when the directory is named")
+	require.ErrorContains(t, err, empty)
+
+	for _, name := range []string{"initdb", "postgres"} {
+		require.NoError(t, os.WriteFile(filepath.Join(empty, name), nil, 0o755))
+	}
+	dir, err := findBinaries()
+	require.NoError(t, err)
+	require.Equal(t, empty, dir)
 }
 
 func TestURLFromEnv(t *testing.T) {
