@@ -104,14 +104,24 @@ func TestRedactHidesPassword(t *testing.T) {
 const childEnv = "PGTEMP_CHILD"
 
 // childServer is the child of TestKilledProcessLeavesNothingBehind: it
-// starts a server, reports it, and waits to be killed.
+// starts a server, and a PgBouncer in front of it when one is installed,
+// reports their URLs and directories, and waits to be killed.
 func childServer() {
 	srv, err := Start(context.Background())
 	if err != nil {
 		fmt.Println("error", err)
 		os.Exit(1)
 	}
-	fmt.Println(srv.URL, srv.dir)
+	line := srv.URL + " " + srv.dir
+	if HaveBouncer() {
+		b, err := StartBouncer(context.Background(), srv.URL)
+		if err != nil {
+			fmt.Println("error", err)
+			os.Exit(1)
+		}
+		line += " " + b.URL + " " + b.dir
+	}
+	fmt.Println(line)
 	time.Sleep(time.Minute)
 }
 
