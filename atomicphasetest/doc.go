@@ -14,6 +14,13 @@
 // container started through dockertest when a Docker engine answers; else
 // the test fails naming all three options.
 //
+// ATOMICPHASE_TEST_PG_BIN names the directory of initdb and postgres to
+// start the throwaway cluster from, instead of looking on PATH and under
+// /usr/lib/postgresql: to run the suite on another major version. The
+// repository's scripts/postgres-version MAJOR unpacks one (14 to 18) from
+// npm and prints that directory; `make test/versions` runs atomicphase's
+// core suite on 14 and 18 that way. It has no effect when a URL is set.
+//
 // Each NewDB call gets its own database, cloned in milliseconds from a
 // template that was migrated once per process. A throwaway cluster lives in
 // /dev/shm when there is room, where a clone takes ~20ms instead of ~300ms.
@@ -28,6 +35,30 @@
 //		runner, err := atomicphase.NewRunner(db.Pool, nil)
 //		...
 //	}
+//
+// # Query exec modes
+//
+// ATOMICPHASE_TEST_EXEC_MODE (ExecModeEnv) runs every database's pool in a
+// chosen pgx query exec mode: cache_statement (pgx's default),
+// cache_describe, describe_exec, exec or simple_protocol. The last three
+// are what works behind PgBouncer in transaction pooling mode; `make
+// test/execmodes` runs atomicphase's core suite once in each mode but the
+// default.
+//
+//	ATOMICPHASE_TEST_EXEC_MODE=exec go test ./...
+//
+// # PgBouncer
+//
+// Options.PgBouncer connects a database's pool through a real PgBouncer in
+// transaction pooling mode, started once per process in front of the
+// server when the pgbouncer binary is installed (on PATH or in /usr/sbin;
+// Debian/Ubuntu: apt-get install pgbouncer): on a free loopback port, a
+// wildcard [databases] entry so every per-test database is reachable,
+// auth_type any (loopback tests only), four server connections per
+// database, its configuration and log in a temporary directory that is
+// removed with it, and the same watchdog as the throwaway server. Without
+// the binary the test is skipped; SkipWithoutPgBouncer skips a parent test
+// once instead of each subtest.
 //
 // # Exploring faults
 //

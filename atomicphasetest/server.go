@@ -60,7 +60,8 @@ func noServerError(reasons []string) error {
 	return errors.New("atomicphasetest: no PostgreSQL available. Either\n" +
 		"  1. set TEST_DATABASE_URL (or DATABASE_URL) to a server where the role may CREATE DATABASE, or\n" +
 		"  2. install PostgreSQL server binaries (initdb, postgres) on PATH or under /usr/lib/postgresql/*/bin\n" +
-		"     (Debian/Ubuntu: apt-get install postgresql), or\n" +
+		"     (Debian/Ubuntu: apt-get install postgresql), or name their directory in ATOMICPHASE_TEST_PG_BIN\n" +
+		"     (scripts/postgres-version MAJOR unpacks one from npm), or\n" +
 		"  3. start a Docker engine, so a postgres container can be run.\n" +
 		"What was tried:\n  - " + strings.Join(reasons, "\n  - "))
 }

@@ -2,6 +2,7 @@ package pgtemp
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,10 +14,23 @@ import (
 // binaries were found.
 var ErrNoBinaries = errors.New("no initdb and postgres on PATH or under /usr/lib/postgresql/*/bin")
 
-// findBinaries returns the directory holding initdb and postgres: the one
-// initdb on PATH resolves to, else the newest /usr/lib/postgresql/*/bin
-// (where Debian and Ubuntu put them, off PATH).
+// BinEnv names the environment variable that, when set, is the one
+// directory Start takes initdb and postgres from: to test on another
+// PostgreSQL version than the installed one (scripts/postgres-version
+// unpacks one and prints its directory).
+const BinEnv = "ATOMICPHASE_TEST_PG_BIN"
+
+// findBinaries returns the directory holding initdb and postgres: BinEnv's
+// if set (and nothing else), else the one initdb on PATH resolves to, else
+// the newest /usr/lib/postgresql/*/bin (where Debian and Ubuntu put them,
+// off PATH).
 func findBinaries() (string, error) {
+	if dir := os.Getenv(BinEnv); dir != "" {
+		if !hasBinaries(dir) {
+			return "", fmt.Errorf("%w: %s=%s has no initdb and postgres", ErrNoBinaries, BinEnv, dir)
+		}
+		return dir, nil
+	}
 	if p, err := exec.LookPath("initdb"); err == nil {
 		dir := filepath.Dir(p)
 		if resolved, err := filepath.EvalSymlinks(p); err == nil {

@@ -83,7 +83,7 @@ func runPostgres(ctx context.Context, bin, dir, data string, port int, cred *sys
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	watchdog := startWatchdog(cmd.Process.Pid, dir)
+	watchdog := startWatchdog(cmd.Process.Pid, "QUIT", dir)
 
 	stop := func() error {
 		_ = cmd.Process.Signal(syscall.SIGINT) // fast shutdown

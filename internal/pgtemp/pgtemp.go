@@ -13,6 +13,9 @@
 // (PostgreSQL refuses to run as root). Stop shuts it down and removes the
 // directory; if the process dies first, even by SIGKILL, a watchdog process
 // does the same shortly after.
+//
+// StartBouncer puts a throwaway PgBouncer in transaction pooling mode in
+// front of a server, started and cleaned up the same way.
 package pgtemp
 
 import (

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -67,6 +69,21 @@ func TestFindBinariesNamesWhereItLooked(t *testing.T) {
 	require.True(t, hasBinaries(dir))
 }
 
+func TestFindBinariesTakesBinEnvAlone(t *testing.T) {
+	empty := t.TempDir()
+	t.Setenv(BinEnv, empty)
+	_, err := findBinaries()
+	require.ErrorIs(t, err, ErrNoBinaries, "no fallback when the directory is named")
+	require.ErrorContains(t, err, empty)
+
+	for _, name := range []string{"initdb", "postgres"} {
+		require.NoError(t, os.WriteFile(filepath.Join(empty, name), nil, 0o755))
+	}
+	dir, err := findBinaries()
+	require.NoError(t, err)
+	require.Equal(t, empty, dir)
+}
+
 func TestURLFromEnv(t *testing.T) {
 	t.Setenv("TEST_DATABASE_URL", "")
 	t.Setenv("DATABASE_URL", "")
@@ -87,13 +104,69 @@ func TestRedactHidesPassword(t *testing.T) {
 const childEnv = "PGTEMP_CHILD"
 
 // childServer is the child of TestKilledProcessLeavesNothingBehind: it
-// starts a server, reports it, and waits to be killed.
+// starts a server, and a PgBouncer in front of it when one is installed,
+// reports their URLs and directories, and waits to be killed.
 func childServer() {
 	srv, err := Start(context.Background())
 	if err != nil {
 		fmt.Println("error", err)
 		os.Exit(1)
 	}
-	fmt.Println(srv.URL, srv.dir)
+	line := srv.URL + " " + srv.dir
+	if HaveBouncer() {
+		b, err := StartBouncer(context.Background(), srv.URL)
+		if err != nil {
+			fmt.Println("error", err)
+			os.Exit(1)
+		}
+		line += " " + b.URL + " " + b.dir
+	}
+	fmt.Println(line)
 	time.Sleep(time.Minute)
+}
+
+func TestBouncerPoolsTransactionsAndStopRemovesEverything(t *testing.T) {
+	t.Parallel()
+	needBinaries(t)
+	if _, err := findBouncer(); err != nil {
+		t.Skip("needs pgbouncer (apt-get install pgbouncer):", err)
+	}
+	ctx := context.Background()
+	srv, err := Start(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, srv.Stop()) })
+	direct, err := pgx.Connect(ctx, srv.URL)
+	require.NoError(t, err)
+	_, err = direct.Exec(ctx, "CREATE DATABASE other")
+	require.NoError(t, err)
+	require.NoError(t, direct.Close(ctx))
+
+	b, err := StartBouncer(ctx, srv.URL)
+	require.NoError(t, err)
+	require.DirExists(t, b.dir)
+	cfg, err := pgx.ParseConfig(strings.Replace(b.URL, "/postgres?", "/other?", 1))
+	require.NoError(t, err)
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
+	// More clients than server connections, each in a transaction of its
+	// own: PgBouncer hands them the same few backends.
+	backends := map[int32]bool{}
+	for range 2 * BouncerPoolSize {
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		var db string
+		var pid int32
+		require.NoError(t, conn.QueryRow(ctx, "SELECT current_database(), pg_backend_pid()").Scan(&db, &pid))
+		require.Equal(t, "other", db, "the wildcard entry passes the database name through")
+		backends[pid] = true
+	}
+	require.LessOrEqual(t, len(backends), BouncerPoolSize)
+
+	require.NoError(t, b.Stop())
+	require.NoDirExists(t, b.dir)
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err = pgx.ConnectConfig(cctx, cfg)
+	require.Error(t, err, "PgBouncer is down")
+	require.NoError(t, b.Stop(), "a second Stop does nothing")
 }

@@ -1,0 +1,163 @@
+package atomicphase_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/atomicphasetest"
+)
+
+// bouncerModes are the pgx query exec modes that work through PgBouncer
+// 1.18 in transaction pooling mode. Two do not, both for the same reason:
+// PgBouncer may hand the next message sequence to another server
+// connection once the server is idle, so nothing prepared in one sequence
+// can be counted on in the next outside a transaction.
+//   - cache_statement, pgx's default, prepares named statements: another
+//     client meets "prepared statement stmtcache_... already exists"
+//     (42P05) on a server connection that has it, or a missing one.
+//   - describe_exec parses the unnamed statement and describes it in one
+//     sequence, then binds and executes it in a second: the Bind finds no
+//     unnamed statement (26000), or another client's, which then runs with
+//     these arguments (seen as 22P02: a workflow name bound to a bigint).
+var bouncerModes = map[string]pgx.QueryExecMode{
+	"exec":            pgx.QueryExecModeExec,
+	"simple_protocol": pgx.QueryExecModeSimpleProtocol,
+	"cache_describe":  pgx.QueryExecModeCacheDescribe,
+}
+
+// A whole workflow through a real PgBouncer in transaction pooling mode:
+// a new key, its replay, a phase error and the resume, a fingerprint
+// mismatch, and concurrent duplicates spread over several server
+// connections, once per exec mode PgBouncer supports.
+func TestWorkflowThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	atomicphasetest.SkipWithoutPgBouncer(t)
+	for name, mode := range bouncerModes {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			const clients = 16 // pooled client connections, over BouncerPoolSize server ones
+			b := setupDB(t, &atomicphasetest.Options{
+				SetupID:   testDBOpts.SetupID,
+				Setup:     testDBOpts.Setup,
+				PgBouncer: true,
+				PoolConfig: func(cfg *pgxpool.Config) {
+					cfg.ConnConfig.DefaultQueryExecMode = mode
+					cfg.MaxConns = clients
+				},
+			}, nil)
+			var c counters
+			var failCharge bool
+			var mu sync.Mutex
+			wf := orderWorkflow(t, &c, hooks{
+				afterCreate: func(ctx context.Context, tx pgx.Tx) error {
+					// Hold the phase's server connection a moment, so
+					// duplicates arrive while the key is locked.
+					_, err := tx.Exec(ctx, "SELECT pg_sleep($1::float8)", 0.05)
+					return err
+				},
+				charge: func(ctx context.Context, call *atomicphase.ForeignCall, s *orderState) error {
+					mu.Lock()
+					fail := failCharge
+					mu.Unlock()
+					if fail {
+						return errors.New("payment API unreachable")
+					}
+					return call.Do(ctx, func(ctx context.Context, key string) error {
+						s.ChargeID = "ch_" + key
+						return nil
+					})
+				},
+			})
+
+			// A new key runs every phase; its replay runs none.
+			resp, err := b.runner.Run(b.ctx, wf, orderRequest("u", "new"))
+			require.NoError(t, err)
+			require.Equal(t, 201, resp.Status)
+			replay, err := b.runner.Run(b.ctx, wf, orderRequest("u", "new"))
+			require.NoError(t, err)
+			require.True(t, replay.Replayed)
+			require.Equal(t, resp.Body, replay.Body)
+			require.Equal(t, resp.Header.Get("Location"), replay.Header.Get("Location"))
+			require.Equal(t, []int32{1, 1, 1}, []int32{c.create.Load(), c.charge.Load(), c.finish.Load()})
+
+			// Same key, another request: refused, nothing changes.
+			other := orderRequest("u", "new")
+			other.Params = []byte(`{"item": "rocket", "quantity": 2}`)
+			_, err = b.runner.Run(b.ctx, wf, other)
+			require.ErrorIs(t, err, atomicphase.ErrFingerprintMismatch)
+
+			// A phase error rolls back and unlocks; the retry resumes there.
+			mu.Lock()
+			failCharge = true
+			mu.Unlock()
+			_, err = b.runner.Run(b.ctx, wf, orderRequest("u", "resume"))
+			var pe *atomicphase.PhaseError
+			require.ErrorAs(t, err, &pe)
+			require.Equal(t, "charge", pe.Phase)
+			info, err := b.runner.Inspect(b.ctx, "u", "resume")
+			require.NoError(t, err)
+			require.Equal(t, "create", info.RecoveryPoint)
+			require.False(t, info.Locked)
+			mu.Lock()
+			failCharge = false
+			mu.Unlock()
+			resp, err = b.runner.Run(b.ctx, wf, orderRequest("u", "resume"))
+			require.NoError(t, err)
+			require.Equal(t, 201, resp.Status)
+			require.False(t, resp.Replayed)
+			require.Equal(t, []int32{2, 3, 2}, []int32{c.create.Load(), c.charge.Load(), c.finish.Load()}, "the resume does not create again")
+
+			// Concurrent duplicates, each retried like a client until it
+			// gets an answer: the phases run once, every answer is the same.
+			var (
+				wg     sync.WaitGroup
+				start  = make(chan struct{})
+				bodies = make([]string, clients)
+				errs   = make([]error, clients)
+			)
+			for i := range clients {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					for range 200 {
+						resp, err := b.runner.Run(b.ctx, wf, orderRequest("u", "dup"))
+						if errors.Is(err, atomicphase.ErrInProgress) {
+							time.Sleep(10 * time.Millisecond)
+							continue
+						}
+						if err == nil {
+							bodies[i] = string(resp.Body)
+						}
+						errs[i] = err
+						return
+					}
+					errs[i] = errors.New("still in progress after 200 tries")
+				}()
+			}
+			close(start)
+			wg.Wait()
+			require.NoError(t, errors.Join(errs...))
+			for _, body := range bodies {
+				require.Equal(t, bodies[0], body)
+			}
+			require.Equal(t, []int32{3, 4, 3}, []int32{c.create.Load(), c.charge.Load(), c.finish.Load()})
+			require.Equal(t, 3, b.count(t, "SELECT count(*) FROM effects WHERE phase = 'create'"))
+
+			// The clients really shared a few server connections.
+			require.Greater(t, b.db.Pool.Stat().TotalConns(), int32(4), "client connections")
+			servers := b.count(t, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+			require.GreaterOrEqual(t, servers, 2, "server connections")
+			require.LessOrEqual(t, servers, 4, "server connections")
+			t.Logf("%d client connections over %d server connections", b.db.Pool.Stat().TotalConns(), servers)
+		})
+	}
+}
