@@ -133,15 +133,13 @@ func (r *Runner) acquire(ctx context.Context, req *Request, workflow string, fp 
 	return &row, nil
 }
 
-// answerMayBeLost reports an error after which a statement may have
-// committed unseen: one that is not known to have left nothing sent
-// (pgconn.SafeToRetry) and is not an error the server answered with while
-// the connection stayed up (which means the statement failed, and nothing
-// committed).
+// answerMayBeLost reports an error, met once a connection was in hand,
+// after which a statement may have committed unseen: anything but an error
+// the server answered with while the connection stayed up (which means the
+// statement failed, and nothing committed). pgconn.SafeToRetry is no guide
+// here: with the simple protocol it calls a connection lost after the
+// statement ran "safe to retry".
 func answerMayBeLost(err error) bool {
-	if pgconn.SafeToRetry(err) {
-		return false
-	}
 	var pgErr *pgconn.PgError
 	return !errors.As(err, &pgErr) || connectionLost(pgErr)
 }
