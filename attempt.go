@@ -70,9 +70,9 @@ func (a *attempt) run(ctx context.Context, row *keyRow) (resp *Response, err err
 			// let the panic go on. A client retry still resumes it (after
 			// the fix, say).
 			why := fmt.Errorf("panic: %v\n%s", p, debug.Stack())
-			if perr := a.r.release(ctx, a.scope, a.key, a.token, why, 0, true, false); perr != nil {
+			if released, perr := a.r.release(ctx, a.scope, a.key, a.token, why, 0, true, false); perr != nil {
 				a.log(ctx, slog.LevelError, "atomicphase: parking after a panic failed", "error", perr)
-			} else {
+			} else if released {
 				a.r.observe(ctx, Event{Kind: EventParked, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Err: why})
 			}
 			panic(p)
@@ -114,7 +114,14 @@ func (a *attempt) observedPhase(ctx context.Context, idx int, st *step, state []
 	}
 	start := time.Now()
 	ctx, end := a.r.span(ctx, Span{Kind: SpanPhase, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name})
-	defer endOnPanic(end)
+	defer func() {
+		if p := recover(); p != nil {
+			err := fmt.Errorf("panic: %v", p)
+			a.r.observe(ctx, Event{Kind: EventPhaseFailed, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name, Duration: time.Since(start), Err: err})
+			end(err)
+			panic(p)
+		}
+	}()
 	res, err := a.runPhase(ctx, idx, st, state)
 	e := Event{Kind: EventPhaseCommitted, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name, Duration: time.Since(start)}
 	if err != nil {
@@ -172,6 +179,17 @@ func (a *attempt) runPhase(ctx context.Context, idx int, st *step, state []byte)
 			return res, err
 		}
 	}
+}
+
+// runnable reports whether this process's workflow has the phase the row
+// resumes at.
+func (a *attempt) runnable(row *keyRow) bool {
+	var jumpTarget string
+	if row.JumpTarget != nil {
+		jumpTarget = *row.JumpTarget
+	}
+	_, err := a.wf.resumeAt(row.RecoveryPoint, jumpTarget)
+	return err == nil
 }
 
 // acceptResolution checks that the attempt resumes into a phase of
@@ -347,13 +365,21 @@ func (a *attempt) fail(ctx context.Context, phase string, err error) error {
 			why = fmt.Errorf("attempt %d of %d failed: %w", a.attempts, a.r.cfg.MaxAttempts, why)
 		}
 		unknown := errors.Is(err, ErrOutcomeUnknown)
-		if rerr := a.r.release(ctx, a.scope, a.key, a.token, why, a.r.cfg.attemptBackoff(a.attempts), park, unknown); rerr != nil {
+		released, rerr := a.r.release(ctx, a.scope, a.key, a.token, why, a.r.cfg.attemptBackoff(a.attempts), park, unknown)
+		switch {
+		case rerr != nil:
 			err = errors.Join(err, fmt.Errorf("unlock: %w", rerr))
-		} else if park {
+		case !released:
+			// Another attempt took the key (it is its to answer for now),
+			// or finished it: nothing was parked or marked.
+			a.log(ctx, slog.LevelWarn, "atomicphase: lock lost to a newer attempt", "phase", phase, "error", err)
+			a.r.observe(ctx, Event{Kind: EventLockLost, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: phase})
+			err = fmt.Errorf("%w (the attempt had failed: %v)", ErrLockLost, err)
+		case park:
 			parked = true
 			a.log(ctx, slog.LevelError, "atomicphase: key parked", "phase", phase, "error", why)
 			a.r.observe(ctx, Event{Kind: EventParked, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: phase, Err: why})
-		} else if unknown {
+		case unknown:
 			a.r.observe(ctx, Event{Kind: EventReconcileScheduled, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: phase, Err: err})
 		}
 	}

@@ -79,12 +79,17 @@ var ErrKeyUnfinished = errors.New("atomicphase: idempotency key unfinished and n
 
 const unparkSQL = `
 UPDATE /* TEMPLATE: schema */idempotency_keys
-SET parked_at = NULL, next_attempt_at = NULL, updated_at = now()
+SET parked_at = NULL, next_attempt_at = NULL, updated_at = now(),
+    -- A fresh budget of Config.MaxAttempts. Not 0: an acquisition that
+    -- counts 1 is the one that recorded the key, which no earlier call
+    -- can precede (unknown outcomes rely on that).
+    attempts = 1
 WHERE scope = $1 AND idempotency_key = $2 AND response_status IS NULL
 RETURNING true`
 
 // Unpark makes an unfinished key eligible for the next sweep at once: it
-// clears the parked mark and any backoff. The sweep of a process that
+// clears the parked mark and any backoff, and gives the key a fresh budget
+// of Config.MaxAttempts attempts (its last error stays for reference). The sweep of a process that
 // registered the key's workflow then resumes it through the normal
 // acquisition path; a client retry would anyway. It returns ErrKeyNotFound
 // for a key never recorded and ErrKeyFinished for a finished one.

@@ -55,15 +55,18 @@ const acquireSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_acquire(
 	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, $9::bigint, $10::integer)`
 
 // takeSQL takes an unfinished key that is unlocked or stale, without a
-// request at hand, under the caller's lock token.
+// request at hand, under the caller's lock token. For the sweep ($5) it
+// also re-checks what made the key due when the sweep picked it: not parked,
+// past its backoff.
 const takeSQL = `
 UPDATE /* TEMPLATE: schema */idempotency_keys AS k
 SET locked_at = now(), lock_token = $4, updated_at = now(), parked_at = NULL,
-    attempts = k.attempts + 1
+    next_attempt_at = NULL, attempts = k.attempts + 1
 FROM (SELECT locked_at FROM /* TEMPLATE: schema */idempotency_keys
       WHERE scope = $1 AND idempotency_key = $2) AS before
 WHERE k.scope = $1 AND k.idempotency_key = $2 AND k.response_status IS NULL
   AND /* TEMPLATE: schema */atomicphase_lock_takeable(k.locked_at, /* TEMPLATE: schema */atomicphase_stale_before($3))
+  AND ($5::boolean IS NOT TRUE OR (k.parked_at IS NULL AND (k.next_attempt_at IS NULL OR k.next_attempt_at <= now())))
 RETURNING k.workflow, k.recovery_point, k.next_phase, k.state, k.lock_token, k.downstream_salt, k.attempts,
           before.locked_at IS NOT NULL`
 
@@ -152,9 +155,9 @@ func newLockToken() int64 {
 
 // take takes an unfinished key that nobody holds, for Resume. It returns nil
 // when the key is finished, held by a live attempt, or absent.
-func (r *Runner) take(ctx context.Context, scope, key string, token int64) (*keyRow, error) {
+func (r *Runner) take(ctx context.Context, scope, key string, token int64, sweep bool) (*keyRow, error) {
 	row := keyRow{Acquired: true}
-	err := r.pool.QueryRow(ctx, r.sql.take, scope, key, r.cfg.LockTimeout.Microseconds(), token).
+	err := r.pool.QueryRow(ctx, r.sql.take, scope, key, r.cfg.LockTimeout.Microseconds(), token, sweep).
 		Scan(&row.Workflow, &row.RecoveryPoint, &row.JumpTarget, &row.State, &row.LockToken, &row.DownstreamSalt, &row.Attempts,
 			&row.TookOver)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -171,7 +174,8 @@ func (r *Runner) take(ctx context.Context, scope, key string, token int64) (*key
 // must not leave its key locked for the lock timeout), bounded by
 // cleanupTimeout. An unlock with a token that moved on changes nothing.
 func (r *Runner) unlock(ctx context.Context, scope, key string, token int64) error {
-	return r.release(ctx, scope, key, token, nil, 0, false, false)
+	_, err := r.release(ctx, scope, key, token, nil, 0, false, false)
+	return err
 }
 
 // release unlocks the key an attempt holds with token. When why is set it
@@ -179,7 +183,10 @@ func (r *Runner) unlock(ctx context.Context, scope, key string, token int64) err
 // (retryIn from now); park marks the key parked for an operator; unknown
 // marks the outcome of its foreign call unknown. Like unlock it runs even
 // when ctx has ended.
-func (r *Runner) release(ctx context.Context, scope, key string, token int64, why error, retryIn time.Duration, park, unknown bool) error {
+//
+// It reports whether it released anything: false when the token had moved
+// on (another attempt took the key) or the key finished meanwhile.
+func (r *Runner) release(ctx context.Context, scope, key string, token int64, why error, retryIn time.Duration, park, unknown bool) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	var msg *string
@@ -192,8 +199,8 @@ func (r *Runner) release(ctx context.Context, scope, key string, token int64, wh
 			retryInUS = &us
 		}
 	}
-	_, err := r.pool.Exec(ctx, r.sql.release, scope, key, token, msg, retryInUS, park, unknown)
-	return err
+	tag, err := r.pool.Exec(ctx, r.sql.release, scope, key, token, msg, retryInUS, park, unknown)
+	return tag.RowsAffected() == 1, err
 }
 
 // boundedError is err's text as a key row keeps it: valid UTF-8 without NUL,

@@ -208,15 +208,32 @@ func (r *Runner) maxUnfinished() *int32 {
 // stored response; a key never recorded returns ErrKeyNotFound; a key whose
 // workflow is not registered returns ErrUnknownWorkflow and is left unlocked.
 func (r *Runner) Resume(ctx context.Context, scope, key string) (*Response, error) {
-	return r.resume(ctx, scope, key, "", nil)
+	return r.resume(ctx, scope, key, resumeOpts{})
 }
 
-// resume is Resume; with resolve set it is ResolveUnknown's: the key's
-// workflow must be named workflow, and resolve stands in for the reconcile
-// function of the phase the attempt resumes into, which must have one.
-func (r *Runner) resume(ctx context.Context, scope, key, workflow string, resolve func([]byte) (bool, []byte, error)) (resp *Response, err error) {
-	if err := validateKey(scope, key, r.cfg.MaxKeyLength); err != nil {
-		return nil, err
+// resumeOpts say who resumes a key, when it is not a caller of Resume.
+type resumeOpts struct {
+	// sweep: the Sweeper, which takes only keys still due, leaves alone
+	// keys it cannot run (a recovery point its workflow lacks, in a
+	// rolling deploy), and parks keys past Config.MaxAttempts.
+	sweep bool
+	// workflow and resolve: ResolveUnknown. The key's workflow must be
+	// named workflow, and resolve stands in for the reconcile function of
+	// the phase the attempt resumes into, which must have one.
+	workflow string
+	resolve  func([]byte) (bool, []byte, error)
+}
+
+// errNotRunnable is returned to the Sweeper for a key whose stored recovery
+// point this process's workflow does not have: a newer deployment's key,
+// left for the processes that run it.
+var errNotRunnable = errors.New("atomicphase: recovery point unknown to this process's workflow")
+
+func (r *Runner) resume(ctx context.Context, scope, key string, opts resumeOpts) (resp *Response, err error) {
+	if !opts.sweep { // the sweep resumes keys another configuration recorded
+		if err := validateKey(scope, key, r.cfg.MaxKeyLength); err != nil {
+			return nil, err
+		}
 	}
 	ctx, end := r.span(ctx, Span{Kind: SpanRequest, Scope: scope, Key: key})
 	defer func() {
@@ -226,7 +243,7 @@ func (r *Runner) resume(ctx context.Context, scope, key, workflow string, resolv
 		}
 		end(err)
 	}()
-	row, err := r.take(ctx, scope, key, newLockToken())
+	row, err := r.take(ctx, scope, key, newLockToken(), opts.sweep)
 	if err != nil {
 		err = storeError("resume key", err)
 		r.observe(ctx, Event{Kind: EventStoreError, Scope: scope, Key: key, Err: err})
@@ -254,11 +271,27 @@ func (r *Runner) resume(ctx context.Context, scope, key, workflow string, resolv
 		kind = EventTakeover
 	}
 	a := newAttempt(r, wf, scope, key, row)
-	if resolve != nil {
-		if err := a.acceptResolution(row, workflow); err != nil {
+	if opts.sweep {
+		if !a.runnable(row) {
+			return nil, errors.Join(errNotRunnable, r.unlock(ctx, scope, key, row.LockToken))
+		}
+		if row.Attempts > r.cfg.MaxAttempts {
+			// Attempts that never finished (their processes died, or they
+			// were taken over) count too: without this a key that kills
+			// its process would be run forever.
+			why := fmt.Errorf("%d attempts never finished; the limit is %d", row.Attempts-1, r.cfg.MaxAttempts)
+			if _, err := r.release(ctx, scope, key, row.LockToken, why, 0, true, false); err != nil {
+				return nil, err
+			}
+			r.observe(ctx, Event{Kind: EventParked, Workflow: row.Workflow, Scope: scope, Key: key, Err: why})
+			return nil, &PhaseError{Workflow: row.Workflow, Err: why, Parked: true}
+		}
+	}
+	if opts.resolve != nil {
+		if err := a.acceptResolution(row, opts.workflow); err != nil {
 			return nil, errors.Join(err, r.unlock(ctx, scope, key, row.LockToken))
 		}
-		a.resolve = resolve
+		a.resolve = opts.resolve
 	}
 	r.observe(ctx, Event{Kind: kind, Workflow: row.Workflow, Scope: scope, Key: key})
 	return a.run(ctx, row)
@@ -289,7 +322,7 @@ func ResolveUnknown[S any](ctx context.Context, r *Runner, wf *Workflow[S], scop
 	if err := r.register(wf); err != nil {
 		return nil, err
 	}
-	return r.resume(ctx, scope, key, wf.Name(), func(raw []byte) (bool, []byte, error) {
+	return r.resume(ctx, scope, key, resumeOpts{workflow: wf.Name(), resolve: func(raw []byte) (bool, []byte, error) {
 		var s S
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return false, nil, Permanent(fmt.Errorf("decode state: %w", err))
@@ -300,5 +333,5 @@ func ResolveUnknown[S any](ctx context.Context, r *Runner, wf *Workflow[S], scop
 		}
 		b, err := encodeState(&s)
 		return true, b, err
-	})
+	}})
 }

@@ -172,7 +172,7 @@ WHERE response_status IS NULL AND parked_at IS NULL
   AND workflow = ANY($1::text[])
   AND /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($2))
   AND (next_attempt_at IS NULL OR next_attempt_at <= now())
-ORDER BY updated_at
+ORDER BY next_attempt_at NULLS FIRST
 LIMIT $3`
 
 // unknownSQL counts abandoned keys of workflows this process does not know,
@@ -183,6 +183,7 @@ SELECT workflow, count(*)::int FROM (
     WHERE response_status IS NULL AND parked_at IS NULL
       AND workflow <> ALL($1::text[])
       AND /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($2))
+      AND (next_attempt_at IS NULL OR next_attempt_at <= now())
     LIMIT $3) AS unknown
 GROUP BY workflow ORDER BY workflow`
 
@@ -233,9 +234,12 @@ func (s *Sweeper) complete(ctx context.Context, res *SweepResult) error {
 			return ctx.Err()
 		}
 		res.Examined++
-		resp, err := r.Resume(ctx, k.scope, k.key)
+		resp, err := s.resumeOne(ctx, k.scope, k.key)
 		var pe *PhaseError
 		switch {
+		case errors.Is(err, errNotRunnable):
+			res.UnknownWorkflow++
+			r.observe(ctx, Event{Kind: EventUnknownWorkflow, Workflow: k.workflow, Count: 1})
 		case err == nil && !resp.Replayed:
 			res.Completed++
 			r.observe(ctx, Event{Kind: EventZombieKey, Workflow: k.workflow, Scope: k.scope, Key: k.key})
@@ -248,10 +252,25 @@ func (s *Sweeper) complete(ctx context.Context, res *SweepResult) error {
 			}
 		default:
 			res.Failed++
-			r.logKey(ctx, slog.LevelWarn, "atomicphase: sweep could not resume key", "", k.scope, k.key, "error", err)
+			r.logKey(ctx, slog.LevelWarn, "atomicphase: sweep could not resume key", k.workflow, k.scope, k.key, "error", err)
 		}
 	}
 	return nil
+}
+
+// resumeOne resumes one abandoned key for the sweep, within the lock
+// timeout (after which the attempt is fenced off anyway, and a hanging phase
+// must not stall the whole sweep). A phase that panics has parked its key;
+// the panic is reported as that key's failure, and the sweep goes on.
+func (s *Sweeper) resumeOne(ctx context.Context, scope, key string) (resp *Response, err error) {
+	ctx, cancel := context.WithTimeout(ctx, s.r.cfg.LockTimeout)
+	defer cancel()
+	defer func() {
+		if p := recover(); p != nil {
+			resp, err = nil, &PhaseError{Err: fmt.Errorf("panic: %v", p), Parked: true}
+		}
+	}()
+	return s.r.resume(ctx, scope, key, resumeOpts{sweep: true})
 }
 
 // reapSQL deletes one batch of finished keys past their retention, oldest

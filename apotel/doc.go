@@ -14,8 +14,8 @@
 //
 // Every event kind is a counter named MetricPrefix + the kind. Each decision
 // is counted once, by one (or by Event.Count for the events about many
-// keys). Attributes: AttrWorkflow when the event names a workflow (the
-// sweep's events and a Resume's store errors do not), and AttrPhase when it
+// keys). Attributes: AttrWorkflow when the event names a workflow (reaping
+// and a Resume's store errors do not), and AttrPhase when it
 // names a phase. The meter is named after this package.
 //
 // Acquisition: what became of each request's key. Every Run that reaches
@@ -73,7 +73,7 @@
 //     transaction retries included. Alert when a phase's p99 nears
 //     Config.LockTimeout: past it, the phase's key is taken over under it.
 //
-// The sweep (no workflow attribute):
+// The sweep (with the workflow, except for reaping):
 //
 //   - atomicphase.zombie_key ({key}): the sweep completed an abandoned key,
 //     whose client stopped retrying. Expected after crashes; a steady rate

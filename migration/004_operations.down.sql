@@ -78,7 +78,8 @@ END
 $$;
 
 DROP INDEX /* TEMPLATE: schema */idempotency_keys_finished_at_idx;
-DROP INDEX /* TEMPLATE: schema */idempotency_keys_unfinished_idx;
+DROP INDEX /* TEMPLATE: schema */idempotency_keys_unfinished_scope_idx;
+DROP INDEX /* TEMPLATE: schema */idempotency_keys_due_idx;
 ALTER TABLE /* TEMPLATE: schema */idempotency_keys
     DROP COLUMN next_attempt_at,
     DROP COLUMN attempts;

@@ -6,9 +6,13 @@ ALTER TABLE /* TEMPLATE: schema */idempotency_keys
     ADD COLUMN attempts integer NOT NULL DEFAULT 1,
     ADD COLUMN next_attempt_at timestamptz;
 
--- The sweep's two queries: unfinished keys it may complete, and finished
--- keys past their retention.
-CREATE INDEX idempotency_keys_unfinished_idx ON /* TEMPLATE: schema */idempotency_keys (updated_at)
+-- The sweep's two queries: unfinished keys due for a try (those in backoff
+-- sort last, so an outage's backlog costs the sweep nothing until it is
+-- due), and finished keys past their retention. And the per-scope count of
+-- unfinished keys, for Config.MaxUnfinishedPerScope.
+CREATE INDEX idempotency_keys_due_idx ON /* TEMPLATE: schema */idempotency_keys (next_attempt_at NULLS FIRST)
+    WHERE response_status IS NULL AND parked_at IS NULL;
+CREATE INDEX idempotency_keys_unfinished_scope_idx ON /* TEMPLATE: schema */idempotency_keys (scope)
     WHERE response_status IS NULL AND parked_at IS NULL;
 CREATE INDEX idempotency_keys_finished_at_idx ON /* TEMPLATE: schema */idempotency_keys (finished_at)
     WHERE response_status IS NOT NULL;
@@ -65,7 +69,7 @@ BEGIN
         IF NOT FOUND AND p_max_unfinished IS NOT NULL AND p_max_unfinished <= (
                 SELECT count(*) FROM (
                     SELECT 1 FROM /* TEMPLATE: schema */idempotency_keys u
-                    WHERE u.scope = p_scope AND u.response_status IS NULL
+                    WHERE u.scope = p_scope AND u.response_status IS NULL AND u.parked_at IS NULL
                     LIMIT p_max_unfinished) AS capped) THEN
             over_limit := true;
             attempts := 0;
@@ -83,7 +87,7 @@ BEGIN
                 p_state, p_lock_token, v_now)
         ON CONFLICT (scope, idempotency_key) DO UPDATE
             SET locked_at = v_now, lock_token = p_lock_token, updated_at = v_now,
-                attempts = k.attempts + 1, parked_at = NULL
+                attempts = k.attempts + 1, parked_at = NULL, next_attempt_at = NULL
             WHERE k.response_status IS NULL AND k.workflow = p_workflow
               AND k.fingerprint = p_fingerprint
               AND /* TEMPLATE: schema */atomicphase_lock_takeable(k.locked_at, stale_before)
