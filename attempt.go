@@ -140,14 +140,22 @@ func (a *attempt) runPhase(ctx context.Context, idx int, st *step, state []byte)
 		if err := a.fault(ctx, st.name, BeforePhase, nil); err != nil {
 			return phaseResult{}, err
 		}
-		fc := newForeignCall(downstreamKey(a.salt, a.wf.Name(), a.scope, a.key, st.downstreamName))
-		out, happened, err := a.reconcile(ctx, st, fc, state)
+		key := downstreamKey(a.salt, a.wf.Name(), a.scope, a.key, st.downstreamName)
+		// The reconcile function gets a guard of its own, so that a lookup
+		// made through it leaves the call's one claim unspent.
+		out, happened, err := a.reconcile(ctx, st, newForeignCall(key), state)
 		if err != nil {
 			return phaseResult{}, err
 		}
 		if !happened {
+			fc := newForeignCall(key)
 			out, err = st.call(ctx, fc, state)
 			if ferr := a.fault(ctx, st.name, AfterForeign, nil); ferr != nil {
+				if st.reconcile != nil && !errors.Is(ferr, ErrCrashed) {
+					// Whatever failed after the call, it may have gone out.
+					ferr = outcomeUnknown(ferr)
+					a.r.observe(ctx, Event{Kind: EventUnknown, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name, Err: ferr})
+				}
 				return phaseResult{}, ferr
 			}
 			if fc.wasViolated() {

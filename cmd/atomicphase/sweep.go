@@ -29,7 +29,7 @@ resumes no key. What it does:
 
   - reaps finished keys that finished more than --retention ago (a negative
     --retention skips this);
-  - counts the abandoned and stale keys waiting to be resumed, all of them of
+  - counts the abandoned and stale keys due to be resumed, all of them of
     workflows this CLI does not know (up to 1000): the sweep of a process that
     registered their workflows resumes them. List them with
     "atomicphase keys --status abandoned" and "--status stale".
@@ -96,7 +96,7 @@ func (c *cli) writeSweep(res atomicphase.SweepResult, retention time.Duration) {
 	if res.UnknownWorkflow >= unknownCap {
 		n = fmt.Sprintf("%d or more", unknownCap)
 	}
-	fmt.Fprintf(w, "waiting to be resumed: %s abandoned or stale keys of workflows the CLI does not know", n)
+	fmt.Fprintf(w, "due to be resumed: %s abandoned or stale keys of workflows the CLI does not know", n)
 	if res.UnknownWorkflow > 0 {
 		fmt.Fprint(w, "; the next sweep of a process that registered their workflow resumes them (list them: atomicphase keys --status abandoned, and --status stale)")
 	}
