@@ -58,6 +58,7 @@ func TestSweepFinishesARequestWhoseClientGaveUp(t *testing.T) {
 	got := decodeBooked(t, replay)
 	require.Equal(t, receipt.RideID, got.RideID)
 	require.Equal(t, chargeID, got.ChargeID)
+	w.requireOnePayout(t, got)
 }
 
 // TestKeyRetentionReapsFinishedKeys: with a tiny KEY_RETENTION the sweep
@@ -84,6 +85,10 @@ func TestKeyRetentionReapsFinishedKeys(t *testing.T) {
 	charges := w.pay.Charges()
 	require.Len(t, charges, 2)
 	require.NotEqual(t, charges[0].IdempotencyKey, charges[1].IdempotencyKey, "a new downstream key")
+	payouts := w.bank.Payouts()
+	require.Len(t, payouts, 2, "a new payout for the new request")
+	require.NotEqual(t, payouts[0].Reference, payouts[1].Reference, "under a new reference")
+	require.Equal(t, []string{first.PayoutID, second.PayoutID}, []string{payouts[0].ID, payouts[1].ID})
 	receipts := w.waitReceipts(t, 2)
 	require.Len(t, receipts, 2)
 	require.ElementsMatch(t, []int64{first.RideID, second.RideID}, []int64{receipts[0].RideID, receipts[1].RideID})

@@ -24,6 +24,7 @@ import (
 	"github.com/atomicphase/atomicphase/atomicphasetest"
 	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/app"
+	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/fakebank"
 	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/fakemailer"
 )
 
@@ -169,10 +170,11 @@ func count(t *testing.T, db *atomicphasetest.DB, sql string, args ...any) int {
 var dbOptions = &atomicphasetest.Options{SetupID: app.SchemaID(), Setup: app.Migrate}
 
 // world is what a server under test talks to: its own database, a fake
-// payment API and a fake mailer, each the test's own.
+// payment API, a fake bank and a fake mailer, each the test's own.
 type world struct {
 	db     *atomicphasetest.DB
 	pay    *fakestripe.Server
+	bank   *fakebank.Server
 	mailer *fakemailer.Server
 }
 
@@ -183,6 +185,9 @@ func newWorld(t *testing.T) *world {
 	w.pay, err = fakestripe.Start()
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = w.pay.Close() })
+	w.bank, err = fakebank.Start(nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w.bank.Close() })
 	w.mailer, err = fakemailer.Start(nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = w.mailer.Close() })
@@ -192,7 +197,7 @@ func newWorld(t *testing.T) *world {
 // start starts the example against the world, env added (see startServer).
 func (w *world) start(t *testing.T, env ...string) *server {
 	t.Helper()
-	return startServer(t, w.db.URL, append([]string{"STRIPE_API_BASE=" + w.pay.URL, "MAILER_API_BASE=" + w.mailer.URL}, env...)...)
+	return startServer(t, w.db.URL, append([]string{"STRIPE_API_BASE=" + w.pay.URL, "BANK_API_BASE=" + w.bank.URL, "MAILER_API_BASE=" + w.mailer.URL}, env...)...)
 }
 
 // waitReceipts waits up to the contract's 10 seconds for the mailer to
@@ -207,6 +212,17 @@ func (w *world) waitReceipts(t *testing.T, n int) []fakemailer.Receipt {
 type booked struct {
 	RideID   int64  `json:"ride_id"`
 	ChargeID string `json:"charge_id"`
+	PayoutID string `json:"payout_id"`
+}
+
+// requireOnePayout checks invariant 4 at the bank for the one ride a test
+// booked: exactly one payout, the one its 201 names and its row records.
+func (w *world) requireOnePayout(t *testing.T, ride booked) {
+	t.Helper()
+	payouts := w.bank.Payouts()
+	require.Len(t, payouts, 1, "exactly one payout at the bank")
+	require.Equal(t, payouts[0].ID, ride.PayoutID)
+	require.Equal(t, 1, count(t, w.db, "SELECT count(*) FROM rides WHERE id = $1 AND bank_payout_id = $2", ride.RideID, ride.PayoutID))
 }
 
 func decodeBooked(t *testing.T, r reply) booked {
@@ -220,7 +236,8 @@ func decodeBooked(t *testing.T, r reply) booked {
 // TestKillAtEveryFaultPoint SIGKILLs the server at each fault point while
 // it serves a ride, restarts it against the same database, retries the
 // request to a final answer, and checks the invariants of README.md against
-// the payment API's distinct charges and the mailer's distinct receipts.
+// the payment API's distinct charges, the bank's payouts and the mailer's
+// distinct receipts.
 func TestKillAtEveryFaultPoint(t *testing.T) {
 	t.Parallel()
 	for _, point := range app.FaultPoints {
@@ -250,7 +267,8 @@ func TestKillAtEveryFaultPoint(t *testing.T) {
 			require.Equal(t, final.status, again.status)
 			require.Equal(t, final.body, again.body)
 			require.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
-			// Invariant 4: exactly one receipt, for this ride.
+			// Invariant 4: exactly one payout and one receipt, for this ride.
+			w.requireOnePayout(t, ride)
 			receipts := w.waitReceipts(t, 1)
 			require.Len(t, receipts, 1)
 			require.Equal(t, ride.RideID, receipts[0].RideID)
@@ -262,7 +280,7 @@ func TestKillAtEveryFaultPoint(t *testing.T) {
 
 // TestConcurrentClientsAcrossAKill: clients hammer one key while the server
 // is killed after the charge and restarted; all converge on one answer, one
-// ride, one charge, one receipt.
+// ride, one charge, one payout, one receipt.
 func TestConcurrentClientsAcrossAKill(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
@@ -299,6 +317,7 @@ func TestConcurrentClientsAcrossAKill(t *testing.T) {
 	}
 	require.Len(t, w.pay.Charges(), 1)
 	require.Equal(t, 1, count(t, w.db, "SELECT count(*) FROM rides"))
+	w.requireOnePayout(t, decodeBooked(t, answers[0]))
 	require.Len(t, w.waitReceipts(t, 1), 1)
 }
 

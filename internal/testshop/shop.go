@@ -1,7 +1,9 @@
 // Package testshop is the workflow the faultinject and atomicphasetest
 // tests run under faults: create_order → charge (a foreign call to the fake
 // payment API) → confirm, in a sound variant and in three deliberately
-// broken ones the explorer must catch. It is test fixture code, imported by
+// broken ones the explorer must catch; and "payout" (payout.go), the same
+// shape paying through a bank without idempotency keys, reconciled or (the
+// broken variant) not. It is test fixture code, imported by
 // tests only.
 package testshop
 

@@ -34,6 +34,7 @@ import (
 	"github.com/atomicphase/atomicphase/atomicphasetest"
 	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/app"
+	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/fakebank"
 	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/fakemailer"
 	"github.com/atomicphase/atomicphase/faultinject"
 )
@@ -93,7 +94,7 @@ var combos = func() []string {
 // of the server now and then.
 func plan(i int) string {
 	if i%13 == 6 { // a real process kill, at a point that matters most
-		return []string{"charge:after-foreign:exit", "send_receipt:before-commit:exit", "create_ride:after-commit:exit"}[(i/13)%3]
+		return []string{"charge:after-foreign:exit", "payout:after-foreign:exit", "send_receipt:before-commit:exit", "create_ride:after-commit:exit"}[(i/13)%4]
 	}
 	return combos[(i*7)%len(combos)] // a stride, so neighbours differ
 }
@@ -120,14 +121,19 @@ func run(requests, workers int) error {
 		return err
 	}
 	defer pay.Close()
+	bank, err := fakebank.Start(nil)
+	if err != nil {
+		return err
+	}
+	defer bank.Close()
 	mailer, err := fakemailer.Start(nil)
 	if err != nil {
 		return err
 	}
 	defer mailer.Close()
-	fmt.Printf("· fake payment API at %s, fake mailer at %s\n", pay.URL, mailer.URL)
+	fmt.Printf("· fake payment API at %s, fake bank at %s, fake mailer at %s\n", pay.URL, bank.URL, mailer.URL)
 
-	srv, err := newSupervisor(dbURL, pay.URL, mailer.URL)
+	srv, err := newSupervisor(dbURL, pay.URL, bank.URL, mailer.URL)
 	if err != nil {
 		return err
 	}
@@ -200,12 +206,17 @@ func run(requests, workers int) error {
 	if !swept {
 		lost++
 	}
-	fmt.Printf("\n%d requests · %d rides · %d charges · %d duplicate charges · %d lost · %d replays byte-identical · %d receipts · %d finished by the sweep · %d server kills · %.1fs\n",
-		total, rides, len(charges), duplicates, lost, replayed, receipts, btoi(swept), srv.kills(), time.Since(start).Seconds())
-	if rides != total || len(charges) != total || duplicates != 0 || lost != 0 || replayed != requests || receipts != total || !onePerRide {
+	payouts := len(bank.Payouts())
+	doublePaid := 0
+	for _, n := range bank.PerReference() {
+		doublePaid += n - 1
+	}
+	fmt.Printf("\n%d requests · %d rides · %d charges · %d duplicate charges · %d payouts · %d duplicate payouts · %d lost · %d replays byte-identical · %d receipts · %d finished by the sweep · %d server kills · %.1fs\n",
+		total, rides, len(charges), duplicates, payouts, doublePaid, lost, replayed, receipts, btoi(swept), srv.kills(), time.Since(start).Seconds())
+	if rides != total || len(charges) != total || duplicates != 0 || payouts != total || doublePaid != 0 || lost != 0 || replayed != requests || receipts != total || !onePerRide {
 		return errors.New("an invariant failed: see the counts above")
 	}
-	fmt.Println("every invariant held: one ride, one charge and one receipt per key, every answer replayed byte for byte")
+	fmt.Println("every invariant held: one ride, one charge, one payout and one receipt per key, every answer replayed byte for byte")
 	return nil
 }
 
@@ -324,8 +335,8 @@ func describe(r reply) string {
 // supervisor runs the server as a child process on a fixed address and
 // restarts it whenever it dies.
 type supervisor struct {
-	url, addr, dbURL, payURL, mailURL string
-	log                               *os.File
+	url, addr, dbURL, payURL, bankURL, mailURL string
+	log                                        *os.File
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -333,7 +344,7 @@ type supervisor struct {
 	stopped bool
 }
 
-func newSupervisor(dbURL, payURL, mailURL string) (*supervisor, error) {
+func newSupervisor(dbURL, payURL, bankURL, mailURL string) (*supervisor, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -344,7 +355,7 @@ func newSupervisor(dbURL, payURL, mailURL string) (*supervisor, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &supervisor{url: "http://" + addr, addr: addr, dbURL: dbURL, payURL: payURL, mailURL: mailURL, log: log}
+	s := &supervisor{url: "http://" + addr, addr: addr, dbURL: dbURL, payURL: payURL, bankURL: bankURL, mailURL: mailURL, log: log}
 	if err := s.start(); err != nil {
 		return nil, err
 	}
@@ -358,7 +369,7 @@ func (s *supervisor) start() error {
 	}
 	cmd := exec.Command(self)
 	cmd.Env = append(os.Environ(), serveEnv+"=1", "DATABASE_URL="+s.dbURL, "ADDR="+s.addr,
-		"STRIPE_API_BASE="+s.payURL, "MAILER_API_BASE="+s.mailURL, "LOCK_TIMEOUT="+lockTimeout.String(),
+		"STRIPE_API_BASE="+s.payURL, "BANK_API_BASE="+s.bankURL, "MAILER_API_BASE="+s.mailURL, "LOCK_TIMEOUT="+lockTimeout.String(),
 		"SWEEP_INTERVAL="+sweepInterval.String(), "KEY_RETENTION=24h", "ATOMICPHASE_FAULT_HEADER=1", faultinject.EnvVar+"=")
 	cmd.Stdout, cmd.Stderr = s.log, s.log
 	if err := cmd.Start(); err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/atomicphasetest"
 	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
+	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/fakebank"
 	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/fakemailer"
 	"github.com/atomicphase/atomicphase/internal/pgtemp"
 )
@@ -40,6 +41,7 @@ type bundle struct {
 	db       *atomicphasetest.DB
 	fake     *fakestripe.Server
 	mailer   *fakemailer.Server
+	bank     *fakebank.Server
 	receipts *Receipts
 	runner   *atomicphase.Runner
 	srv      *httptest.Server
@@ -73,6 +75,9 @@ func setup(t *testing.T, opts *setupOpts) *bundle {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = mailer.Close() })
 	b.mailer = mailer
+	b.bank, err = fakebank.Start(nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.bank.Close() })
 
 	logger := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	b.receipts, err = StartReceipts(b.db.Pool, mailer.URL, logger, t.Logf)
@@ -84,7 +89,7 @@ func setup(t *testing.T, opts *setupOpts) *bundle {
 	})
 	b.runner, err = atomicphase.NewRunner(b.db.Pool, opts.runner)
 	require.NoError(t, err)
-	b.srv = httptest.NewServer(Handler(b.runner, b.db.Pool, NewWorkflow(stripeBase, b.receipts), t.Logf))
+	b.srv = httptest.NewServer(Handler(b.runner, b.db.Pool, NewWorkflow(stripeBase, b.bank.URL, b.receipts), t.Logf))
 	t.Cleanup(b.srv.Close)
 	return b
 }

@@ -31,8 +31,8 @@ type Config struct {
 	// KeyRetention is KEY_RETENTION, how long the sweep keeps a finished
 	// key. Defaults to 24h.
 	KeyRetention time.Duration
-	// BankAPIBase is BANK_API_BASE. Driver payouts are not implemented
-	// yet: a value is reported at start-up and otherwise ignored.
+	// BankAPIBase is BANK_API_BASE, where drivers are paid; empty starts
+	// an in-process fake.
 	BankAPIBase string
 	// FaultHeader is ATOMICPHASE_FAULT_HEADER=1: honour the
 	// Atomicphase-Fault request header (a test hook for the demo).
@@ -47,7 +47,7 @@ func ConfigFromEnv() (Config, error) {
 		Addr:          os.Getenv("ADDR"),
 		StripeAPIBase: strings.TrimRight(os.Getenv("STRIPE_API_BASE"), "/"),
 		MailerAPIBase: strings.TrimRight(os.Getenv("MAILER_API_BASE"), "/"),
-		BankAPIBase:   os.Getenv("BANK_API_BASE"),
+		BankAPIBase:   strings.TrimRight(os.Getenv("BANK_API_BASE"), "/"),
 		LockTimeout:   atomicphase.DefaultLockTimeout,
 		SweepInterval: atomicphase.DefaultSweepInterval,
 		KeyRetention:  atomicphase.DefaultKeyRetention,

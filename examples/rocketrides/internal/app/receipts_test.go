@@ -54,7 +54,7 @@ func TestReceiptCommitsAndRollsBackWithThePhase(t *testing.T) {
 	failed := b.post(t, "user@example.com", "k", rideBody)
 	require.GreaterOrEqual(t, failed.status, 500, "%s", failed.body)
 	require.Zero(t, b.count(t, "SELECT count(*) FROM river_job"), "the job rolled back with the phase")
-	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM idempotency_keys WHERE recovery_point = 'charge'"))
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM idempotency_keys WHERE recovery_point = 'payout'"))
 
 	ok := b.post(t, "user@example.com", "k", rideBody)
 	require.Equal(t, http.StatusCreated, ok.status, "%s", ok.body)

@@ -32,6 +32,7 @@ CREATE TABLE IF NOT EXISTS rides (
     target_lon       double precision NOT NULL,
     stripe_charge_id text
 );
+ALTER TABLE rides ADD COLUMN IF NOT EXISTS bank_payout_id text;
 CREATE INDEX IF NOT EXISTS rides_user_key_idx ON rides (user_id, idempotency_key);
 CREATE TABLE IF NOT EXISTS audit_records (
     id            bigserial   PRIMARY KEY,
@@ -57,7 +58,7 @@ const schemaLockID = 0x726f636b65747264 // "rocketrd"
 // databases (atomicphasetest.Options.SetupID) gets a new one when either
 // changes, a River upgrade included.
 func SchemaID() string {
-	id := "rocketrides-v2"
+	id := "rocketrides-v3"
 	if m, err := rivermigrate.New(riverpgxv5.New(nil), nil); err == nil {
 		if all := m.AllVersions(); len(all) > 0 {
 			id += fmt.Sprintf("-river%03d", all[len(all)-1].Version)

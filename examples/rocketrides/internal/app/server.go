@@ -1,5 +1,5 @@
 // Package app is the Rocket Rides example server: POST /rides books a ride,
-// charges the rider's card and queues the receipt, safely retryable with an
+// charges the rider's card, pays the driver and queues the receipt, safely retryable with an
 // Idempotency-Key, on atomicphase; River delivers the receipts and the
 // sweep finishes what clients gave up. examples/rocketrides/README.md
 // describes its behaviour: start-up, environment, answers, the calls it
@@ -24,6 +24,7 @@ import (
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/aphttp"
 	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
+	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/fakebank"
 	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/fakemailer"
 	"github.com/atomicphase/atomicphase/faultinject"
 	"github.com/atomicphase/atomicphase/internal/pgtemp"
@@ -81,8 +82,16 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 		cfg.MailerAPIBase = fake.URL
 		logf("MAILER_API_BASE is empty: using the in-process fake mailer at %s", fake.URL)
 	}
-	if cfg.BankAPIBase != "" {
-		logf("BANK_API_BASE is set, but driver payouts are not implemented yet: ignoring it")
+	if cfg.BankAPIBase == "" {
+		fake, err := fakebank.Start(func(p fakebank.Payout) {
+			logf("fake bank: %s, %d %s to %s (reference %s)", p.ID, p.Amount, p.Currency, p.Account, p.Reference)
+		})
+		if err != nil {
+			return err
+		}
+		defer fake.Close()
+		cfg.BankAPIBase = fake.URL
+		logf("BANK_API_BASE is empty: using the in-process fake bank API at %s", fake.URL)
 	}
 
 	receipts, err := StartReceipts(pool, cfg.MailerAPIBase, logger, logf)
@@ -110,7 +119,7 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 	if err != nil {
 		return err
 	}
-	wf := NewWorkflow(cfg.StripeAPIBase, receipts)
+	wf := NewWorkflow(cfg.StripeAPIBase, cfg.BankAPIBase, receipts)
 	if err := runner.Register(wf); err != nil { // the sweep resumes its keys before any request
 		return err
 	}
@@ -180,7 +189,9 @@ func startSweep(runner *atomicphase.Runner, interval, retention time.Duration) (
 	return func() { cancel(); <-done }, nil
 }
 
-// sweepLog reports what the sweep did on the server's log.
+// sweepLog reports on the server's log what the sweep did, and how unknown
+// outcomes (a payout whose answer was lost) are reconciled, by the sweep or
+// a retry.
 func sweepLog(logf func(string, ...any)) atomicphase.Observer {
 	return atomicphase.ObserverFunc(func(_ context.Context, e atomicphase.Event) {
 		switch e.Kind {
@@ -188,6 +199,14 @@ func sweepLog(logf func(string, ...any)) atomicphase.Observer {
 			logf("sweep: finished key %q of %s, whose client gave up", e.Key, e.Scope)
 		case atomicphase.EventTTLPruned:
 			logf("sweep: deleted %d finished key(s) past KEY_RETENTION", e.Count)
+		case atomicphase.EventUnknown:
+			logf("key %q of %s: the outcome of %s is unknown (%v); it is reconciled before any new call", e.Key, e.Scope, e.Phase, e.Err)
+		case atomicphase.EventReconcileHappened:
+			logf("key %q of %s: reconciled %s: it took effect, recorded", e.Key, e.Scope, e.Phase)
+		case atomicphase.EventReconcileNotHappened:
+			logf("key %q of %s: reconciled %s: it did not take effect, making it", e.Key, e.Scope, e.Phase)
+		case atomicphase.EventReconcileFailed:
+			logf("key %q of %s: cannot reconcile %s yet: %v", e.Key, e.Scope, e.Phase, e.Err)
 		case atomicphase.EventParked:
 			logf("key %q of %s parked for an operator: %v", e.Key, e.Scope, e.Err)
 		}

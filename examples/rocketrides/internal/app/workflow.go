@@ -28,6 +28,7 @@ type Ride struct {
 	RideID     int64  `json:"ride_id,omitempty"`
 	ChargeID   string `json:"charge_id,omitempty"`
 	Declined   string `json:"declined,omitempty"` // the payment API's decline message
+	PayoutID   string `json:"payout_id,omitempty"`
 }
 
 // Amount and Currency of every ride.
@@ -47,12 +48,14 @@ type RideInput struct {
 }
 
 // NewWorkflow builds create_ride: record the ride (and an audit record),
-// charge the card at the payment API at stripeBase, queue the receipt with
-// receipts and respond 201. A declined card is a stored 402, and no receipt.
-func NewWorkflow(stripeBase string, receipts *Receipts) *atomicphase.Workflow[Ride] {
+// charge the card at the payment API at stripeBase, pay the driver at the
+// bank API at bankBase, queue the receipt with receipts and respond 201. A
+// declined card is a stored 402: no payout, no receipt.
+func NewWorkflow(stripeBase, bankBase string, receipts *Receipts) *atomicphase.Workflow[Ride] {
 	return atomicphase.MustWorkflow("create_ride", startRide, []atomicphase.Phase[Ride]{
 		atomicphase.Local("create_ride", createRide),
 		atomicphase.Foreign("charge", chargeFunc(stripeBase), recordCharge),
+		payoutPhase(bankBase),
 		atomicphase.Local("send_receipt", sendReceiptFunc(receipts)),
 	}, nil)
 }
@@ -154,7 +157,7 @@ func sendReceiptFunc(receipts *Receipts) atomicphase.LocalFunc[Ride] {
 		if err := receipts.Enqueue(ctx, tx, r); err != nil {
 			return atomicphase.Outcome{}, err
 		}
-		body, err := json.Marshal(map[string]any{"ride_id": r.RideID, "charge_id": r.ChargeID, "amount": Amount, "currency": Currency})
+		body, err := json.Marshal(map[string]any{"ride_id": r.RideID, "charge_id": r.ChargeID, "payout_id": r.PayoutID, "amount": Amount, "currency": Currency})
 		return atomicphase.Respond(http.StatusCreated, body), err
 	}
 }
@@ -165,5 +168,6 @@ var FaultPoints = []string{
 	"*:before-acquire", "*:after-acquire",
 	"create_ride:before-phase", "create_ride:before-commit", "create_ride:after-commit",
 	"charge:before-phase", "charge:after-foreign", "charge:before-commit", "charge:after-commit",
+	"payout:before-phase", "payout:after-foreign", "payout:before-commit", "payout:after-commit",
 	"send_receipt:before-phase", "send_receipt:before-response", "send_receipt:before-commit", "send_receipt:after-commit",
 }

@@ -1,0 +1,111 @@
+package atomicphasetest_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/atomicphasetest"
+	"github.com/atomicphase/atomicphase/faultinject"
+	"github.com/atomicphase/atomicphase/internal/testshop"
+)
+
+// payoutScenario explores one payout through a bank without idempotency
+// keys, whose first call goes as first says (testshop.Bank.First), with
+// the pay phase reconciled or not.
+func payoutScenario(first string, reconcile bool) atomicphasetest.Scenario {
+	return atomicphasetest.Scenario{
+		Name:   "payout " + first,
+		DB:     shopDB,
+		Config: &atomicphase.Config{RetryBackoff: time.Millisecond},
+		Setup: func(t testing.TB, db *atomicphasetest.DB) *atomicphasetest.Trial {
+			bank := testshop.NewBank()
+			bank.First = first
+			wf := testshop.PayoutWorkflow(bank, reconcile)
+			return &atomicphasetest.Trial{
+				Attempt: func(ctx context.Context, runner *atomicphase.Runner) (*atomicphase.Response, error) {
+					return runner.Run(ctx, wf, testshop.Request())
+				},
+				Check: func(ctx context.Context, final *atomicphase.Response) error {
+					return bank.CheckPayouts(ctx, db.Pool, final.Body)
+				},
+			}
+		},
+	}
+}
+
+// TestExplorePayoutEveryPointAndAction: a non-idempotent payout declared
+// WithReconcile keeps "at most one effect per reference, exactly one once
+// finished" under every point × action, whether the bank's first call is
+// answered, acts and loses its answer, or fails without acting (the two
+// downstream-side ways an outcome becomes unknown; the process dying after
+// sending is the crash and panic actions at pay:after-foreign).
+func TestExplorePayoutEveryPointAndAction(t *testing.T) {
+	t.Parallel()
+	for _, first := range []string{"", testshop.BankActThenLose, testshop.BankRefuseThenLose} {
+		t.Run("first="+first, func(t *testing.T) {
+			t.Parallel()
+			rep := atomicphasetest.Explore(t, payoutScenario(first, true))
+			require.Greater(t, len(rep.Rows), 1)
+			for _, row := range rep.Rows {
+				require.Equal(t, "201", row.Outcome, "%v", row.Faults)
+			}
+			if first == "" {
+				require.Len(t, uniq(rep.Points), 13)
+			}
+			require.True(t, uniq(rep.Points)[atomicphase.FaultPoint{Workflow: "payout", Phase: "pay", Place: atomicphase.AfterForeign}],
+				"the point right after the call is explored")
+		})
+	}
+}
+
+// TestExplorePayoutRandomConsecutiveFaults faults the reconciling retries
+// too, after a first answer lost.
+func TestExplorePayoutRandomConsecutiveFaults(t *testing.T) {
+	t.Parallel()
+	rep := atomicphasetest.ExploreRandom(t, payoutScenario(testshop.BankActThenLose, true), 20261123, 25)
+	for _, row := range rep.Rows[1:] {
+		require.Equal(t, "201", row.Outcome)
+	}
+}
+
+// TestExplorerCatchesAnUnreconciledPayout: the same non-idempotent bank
+// call declared without WithReconcile pays twice once an attempt fails
+// between the call and the commit that records it. With every action the
+// explorer catches it at the first such fault (a backend terminated after
+// create_order's commit breaks the connection pay's commit then uses);
+// with crashes only, at the process dying right after the call. Either
+// way the report names the point and action.
+func TestExplorerCatchesAnUnreconciledPayout(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name    string
+		actions []faultinject.Action
+		point   string
+	}{
+		{"every action", nil, ""},
+		{"crashes only", []faultinject.Action{faultinject.Crash}, "payout:pay:after-foreign"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			sc := payoutScenario("", false)
+			sc.Actions = c.actions
+			rep := atomicphasetest.Survey(t, sc)
+			v := rep.Violation()
+			require.NotNil(t, v, "the explorer must catch this workflow:\n%s", rep)
+			require.ErrorContains(t, v.Violation, "effects for reference")
+			require.ErrorContains(t, v.Violation, "want at most 1")
+			require.NotEmpty(t, v.Faults, "the report names the point and action that broke it")
+			require.Contains(t, rep.String(), "VIOLATED")
+			require.Contains(t, rep.String(), v.Faults[0].Point.String())
+			if c.point != "" {
+				require.Equal(t, c.point, v.Faults[0].Point.String())
+				require.Equal(t, faultinject.Crash, v.Faults[0].Action)
+			}
+			t.Logf("caught at %v: %v", v.Faults, v.Violation)
+		})
+	}
+}

@@ -1,0 +1,177 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/aphttp"
+	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/fakebank"
+	"github.com/atomicphase/atomicphase/faultinject"
+)
+
+type paid struct {
+	RideID   int64  `json:"ride_id"`
+	ChargeID string `json:"charge_id"`
+	PayoutID string `json:"payout_id"`
+}
+
+// requirePaidOnce checks invariant 4 at the bank for one booked ride: the
+// 201 names the one payout the bank made, and the ride row records it.
+func (b *bundle) requirePaidOnce(t *testing.T, r reply) paid {
+	t.Helper()
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	var out paid
+	require.NoError(t, json.Unmarshal(r.body, &out))
+	payouts := b.bank.Payouts()
+	require.Len(t, payouts, 1, "exactly one payout at the bank")
+	require.Equal(t, payouts[0].ID, out.PayoutID)
+	require.Equal(t, DriverAccount, payouts[0].Account)
+	require.EqualValues(t, PayoutAmount, payouts[0].Amount)
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM rides WHERE id = $1 AND bank_payout_id = $2", out.RideID, out.PayoutID))
+	return out
+}
+
+func requireUnknown(t *testing.T, r reply) {
+	t.Helper()
+	requireProblem(t, r, http.StatusConflict)
+	require.Contains(t, string(r.body), aphttp.ProblemOutcomeUnknown)
+	require.NotEmpty(t, r.header.Get("Retry-After"))
+}
+
+// TestPayoutMadeOnceAndReplayed: a booked ride pays its driver once, the
+// 201 carries the payout id, and a replay calls the bank no more. A
+// declined ride pays nothing.
+func TestPayoutMadeOnceAndReplayed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	first := b.post(t, "user@example.com", "k", rideBody)
+	b.requirePaidOnce(t, first)
+	replay := b.post(t, "user@example.com", "k", rideBody)
+	require.Equal(t, first.body, replay.body)
+	require.Equal(t, 1, b.bank.Calls())
+	require.Zero(t, b.bank.Lookups(), "a fresh attempt needs no lookup")
+
+	require.Equal(t, http.StatusPaymentRequired, b.post(t, "user-bad-source@example.com", "k", rideBody).status)
+	require.Len(t, b.bank.Payouts(), 1, "a declined ride pays nothing")
+	require.Equal(t, 1, b.bank.Calls())
+}
+
+// TestPayoutWhoseAnswerWasLostIsNotSentAgain: the bank pays and then
+// answers 5xx, or drops the connection. The request answers 409
+// outcome-unknown; the retry looks the reference up, finds the payout,
+// records it and finishes, without a second call.
+func TestPayoutWhoseAnswerWasLostIsNotSentAgain(t *testing.T) {
+	t.Parallel()
+	for _, f := range []fakebank.Failure{fakebank.ActThen5xx, fakebank.ActThenDrop} {
+		t.Run(string(f), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, nil)
+			b.bank.FailNext(f)
+			requireUnknown(t, b.post(t, "user@example.com", "k", rideBody))
+			require.Len(t, b.bank.Payouts(), 1, "the bank acted")
+			b.requirePaidOnce(t, b.post(t, "user@example.com", "k", rideBody))
+			require.Equal(t, 1, b.bank.Calls(), "the payout was never sent again")
+			require.Equal(t, 1, b.bank.Lookups())
+		})
+	}
+}
+
+// TestPayoutNotMadeIsMadeAfterTheLookup: a 5xx without acting is unknown
+// too; the lookup finds nothing and the retry pays, once.
+func TestPayoutNotMadeIsMadeAfterTheLookup(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.bank.FailNext(fakebank.Refuse5xx)
+	requireUnknown(t, b.post(t, "user@example.com", "k", rideBody))
+	require.Empty(t, b.bank.Payouts())
+	b.requirePaidOnce(t, b.post(t, "user@example.com", "k", rideBody))
+	require.Equal(t, 2, b.bank.Calls(), "the failed call and the one the lookup allowed")
+}
+
+// TestPayoutLookupDownSendsNothing: while the lookup fails, every retry
+// gets 409 outcome-unknown and the bank receives no payout call; once the
+// lookup answers, the request finishes with the one payout.
+func TestPayoutLookupDownSendsNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.bank.FailNext(fakebank.ActThenDrop)
+	requireUnknown(t, b.post(t, "user@example.com", "k", rideBody))
+	b.bank.LookupDownFor(3)
+	for range 3 {
+		requireUnknown(t, b.post(t, "user@example.com", "k", rideBody))
+	}
+	require.Equal(t, 1, b.bank.Calls(), "no payout call while the outcome was unknown")
+	require.Equal(t, 3, b.bank.Lookups())
+	b.requirePaidOnce(t, b.post(t, "user@example.com", "k", rideBody))
+	require.Equal(t, 1, b.bank.Calls())
+}
+
+// TestPayoutRefusedFailsPermanently: a 4xx from the bank paid nothing and
+// a repeat would be refused again, so the request fails permanently (500,
+// parked, no receipt). A retry after the refusal is lifted resumes at the
+// payout, looks it up, pays once and books the ride.
+func TestPayoutRefusedFailsPermanently(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.bank.FailNext(fakebank.Refuse4xx)
+	failed := b.post(t, "user@example.com", "k", rideBody)
+	requireProblem(t, failed, http.StatusInternalServerError)
+	require.Contains(t, string(failed.body), aphttp.ProblemPermanentFailure)
+	require.Empty(t, b.bank.Payouts())
+	info, err := b.runner.Inspect(context.Background(), "user@example.com", "k")
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.KeyParked, info.Status)
+	require.Zero(t, b.count(t, "SELECT count(*) FROM river_job"), "no receipt for an unpaid ride")
+
+	b.requirePaidOnce(t, b.post(t, "user@example.com", "k", rideBody))
+	require.Equal(t, 2, b.bank.Calls())
+}
+
+// TestPayoutKilledAfterTheCallIsReconciled: the attempt dies right after
+// the payout call went out (nothing marks the outcome unknown); the retry
+// that takes the stale key over resumes into the payout, looks it up first
+// and records the payout made.
+func TestPayoutKilledAfterTheCallIsReconciled(t *testing.T) {
+	t.Parallel()
+	const lockTimeout = 200 * time.Millisecond
+	crash := faultinject.New(faultinject.Rule{Phase: "payout", Place: atomicphase.AfterForeign, Action: faultinject.Crash})
+	b := setup(t, &setupOpts{runner: &atomicphase.Config{LockTimeout: lockTimeout, FaultInjector: crash}})
+	died := b.post(t, "user@example.com", "k", rideBody)
+	require.GreaterOrEqual(t, died.status, 500, "%s", died.body)
+	require.Len(t, b.bank.Payouts(), 1, "paid before the crash")
+	time.Sleep(lockTimeout + 50*time.Millisecond)
+	b.requirePaidOnce(t, b.post(t, "user@example.com", "k", rideBody))
+	require.Equal(t, 1, b.bank.Calls())
+	require.Equal(t, 1, b.bank.Lookups())
+}
+
+// TestSweepReconcilesAnUnknownPayout: the bank pays and the answer is lost,
+// and the client never retries. The sweep reconciles after the backoff,
+// records the payout and finishes the request with its receipt; the client
+// that comes back gets the stored 201.
+func TestSweepReconcilesAnUnknownPayout(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &setupOpts{runner: &atomicphase.Config{AttemptBackoff: time.Millisecond}})
+	b.bank.FailNext(fakebank.ActThen5xx)
+	requireUnknown(t, b.post(t, "user@example.com", "k", rideBody))
+
+	sweeper, err := atomicphase.NewSweeper(b.runner, nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		_, err := sweeper.RunOnce(context.Background())
+		require.NoError(t, err)
+		return b.count(t, "SELECT count(*) FROM idempotency_keys WHERE response_status = 201") == 1
+	}, 5*time.Second, 10*time.Millisecond)
+	require.Equal(t, 1, b.bank.Calls(), "the sweep sent no payout")
+	require.Len(t, b.waitReceipts(t, 1), 1)
+
+	replay := b.post(t, "user@example.com", "k", rideBody)
+	require.Equal(t, "true", replay.header.Get("Idempotent-Replayed"))
+	b.requirePaidOnce(t, replay)
+}
