@@ -36,6 +36,9 @@ type attempt struct {
 	// resolve, when set, stands in for the reconcile function of the first
 	// phase this attempt resumes into (ResolveUnknown).
 	resolve func(state []byte) (bool, []byte, error)
+	// resumedFrom is the recovery point the attempt resumed at, which an
+	// operator's recorded verdict names (Runner.RecordResolution).
+	resumedFrom string
 }
 
 // newAttempt makes the attempt for a key acquisition took, from the row it
@@ -43,7 +46,8 @@ type attempt struct {
 func newAttempt(r *Runner, wf AnyWorkflow, scope, key string, row *keyRow) *attempt {
 	// attempts is 1 only for the acquisition that recorded the key: a
 	// takeover or a Resume counts on from the row's own count.
-	a := &attempt{r: r, wf: wf, scope: scope, key: key, token: row.LockToken, attempts: row.Attempts, fresh: row.Attempts == 1}
+	a := &attempt{r: r, wf: wf, scope: scope, key: key, token: row.LockToken, attempts: row.Attempts, fresh: row.Attempts == 1,
+		resumedFrom: row.RecoveryPoint}
 	if row.DownstreamSalt != nil {
 		a.salt = *row.DownstreamSalt
 	}
@@ -232,11 +236,23 @@ func (a *attempt) reconcile(ctx context.Context, st *step, fc *ForeignCall, stat
 	var happened bool
 	var out []byte
 	var err error
-	if a.resolve != nil {
+	verdict, err := a.takeVerdict(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	switch {
+	case a.resolve != nil:
 		happened, out, err = a.resolve(state)
 		a.resolve = nil
-	} else {
+	case verdict != nil && !*verdict:
+		happened = false // an operator checked: it did not happen
+	default:
 		happened, out, err = st.reconcile(ctx, fc, state)
+		if verdict != nil && (err != nil || !happened) {
+			// An operator checked: it happened. The reconcile function
+			// could not add the result; go on with the state as it is.
+			happened, out, err = true, state, nil
+		}
 	}
 	switch {
 	case err != nil:
@@ -253,6 +269,29 @@ func (a *attempt) reconcile(ctx context.Context, st *step, fc *ForeignCall, stat
 	}
 	a.r.observe(ctx, e)
 	return out, happened, nil
+}
+
+// takeVerdictSQL takes, once, an operator's verdict recorded for the phase
+// after the recovery point this attempt resumed at.
+const takeVerdictSQL = `
+UPDATE /* TEMPLATE: schema */idempotency_keys SET resolved_after = NULL
+WHERE scope = $1 AND idempotency_key = $2 AND lock_token = $3 AND resolved_after = $4
+RETURNING resolved_happened`
+
+// takeVerdict returns the operator's verdict on the call this attempt
+// resumed into (Runner.RecordResolution), or nil when none was recorded.
+// It costs a round trip, on the rare path of an attempt that resumes into
+// a phase with a reconcile function.
+func (a *attempt) takeVerdict(ctx context.Context) (*bool, error) {
+	var happened bool
+	err := a.r.pool.QueryRow(ctx, renderSQL(takeVerdictSQL, a.r.cfg.Schema), a.scope, a.key, a.token, a.resumedFrom).Scan(&happened)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &happened, nil
 }
 
 // commitPhase runs a phase's transaction on a connection of its own: the

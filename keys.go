@@ -132,3 +132,45 @@ func (r *Runner) Forget(ctx context.Context, scope, key string) error {
 	}
 	return ErrKeyUnfinished
 }
+
+const recordResolutionSQL = `
+UPDATE /* TEMPLATE: schema */idempotency_keys
+SET resolved_after = recovery_point, resolved_happened = $3, resolved_note = $4, resolved_at = now(),
+    parked_at = NULL, next_attempt_at = NULL, updated_at = now()
+WHERE scope = $1 AND idempotency_key = $2 AND response_status IS NULL
+  AND /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($5))
+RETURNING workflow`
+
+// RecordResolution settles by hand whether the foreign call an unfinished
+// key is waiting on took effect, when neither its reconcile function nor a
+// webhook can tell: an operator who checked with the downstream records the
+// verdict, with a note saying who and how, and the key is made due at once.
+// The next attempt that resumes into the phase after the key's current
+// recovery point takes the verdict (once) instead of asking the reconcile
+// function: not happened makes the call; happened goes on as if the call
+// had succeeded, with the state as it is (the reconcile function is still
+// asked first for the result, and only its "cannot tell" is overruled).
+// The verdict, the note and when stay in the row (KeyInfo.Resolution).
+//
+// It returns ErrKeyNotFound for a key never recorded, ErrKeyFinished for a
+// finished key, and ErrInProgress while an attempt holds the key.
+func (r *Runner) RecordResolution(ctx context.Context, scope, key string, happened bool, note string) error {
+	var workflow string
+	err := r.pool.QueryRow(ctx, renderSQL(recordResolutionSQL, r.cfg.Schema), scope, key, happened, note,
+		r.cfg.LockTimeout.Microseconds()).Scan(&workflow)
+	if err == nil {
+		return nil
+	}
+	if !pgxscan.NotFound(err) {
+		return storeError("record resolution", err)
+	}
+	info, ierr := r.Inspect(ctx, scope, key)
+	switch {
+	case ierr != nil:
+		return ierr
+	case info.Response != nil:
+		return ErrKeyFinished
+	default:
+		return inProgress(info.LockExpiresIn)
+	}
+}

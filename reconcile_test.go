@@ -321,3 +321,49 @@ func TestResolveUnknownRefusesOtherKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, atomicphase.KeyAbandoned, info.Status, "released as it was")
 }
+
+// An operator who checked with the bank settles an unknown outcome by
+// hand: the verdict is recorded in the row and the next attempt follows it
+// once, whatever the lookup says (it is down here).
+func TestRecordResolutionByHand(t *testing.T) {
+	t.Parallel()
+	for _, happened := range []bool{true, false} {
+		t.Run(fmt.Sprint(happened), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, nil)
+			bk := newBank()
+			mode := "refuse-5xx"
+			if happened {
+				mode = "act-then-lose"
+			}
+			bk.fail = []string{mode}
+			wf := payoutWorkflow(bk)
+			_, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+			require.ErrorIs(t, err, atomicphase.ErrOutcomeUnknown)
+			bk.lookupDown.Store(1000)
+
+			require.NoError(t, b.runner.RecordResolution(b.ctx, "driver_1", "k", happened, "checked the bank's portal: ops@"))
+			info, err := b.runner.Inspect(b.ctx, "driver_1", "k")
+			require.NoError(t, err)
+			require.NotNil(t, info.ResolvedHappened)
+			require.Equal(t, happened, *info.ResolvedHappened)
+			require.Equal(t, "checked the bank's portal: ops@", *info.ResolvedNote)
+			require.Nil(t, info.NextAttemptAt, "due at once")
+
+			resp, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+			require.NoError(t, err)
+			require.Equal(t, 201, resp.Status)
+			require.Equal(t, 1, len(bk.payouts[func() string { r, _ := bk.only(t); return r }()]), "exactly one payout either way")
+			wantCalls := int32(1)
+			if !happened {
+				wantCalls = 2 // the refused call and the one the verdict allowed
+			}
+			require.Equal(t, wantCalls, bk.calls.Load())
+			info, err = b.runner.Inspect(b.ctx, "driver_1", "k")
+			require.NoError(t, err)
+			require.Equal(t, happened, *info.ResolvedHappened, "the verdict stays on record")
+
+			require.ErrorIs(t, b.runner.RecordResolution(b.ctx, "driver_1", "k", happened, ""), atomicphase.ErrKeyFinished)
+		})
+	}
+}

@@ -464,8 +464,19 @@ $$;
 -- or may not have taken effect; until reconciliation tells, the key is
 -- marked with when that became unknown, and next_attempt_at says when to
 -- reconcile. The checkpoint that commits the phase clears the mark.
+--
+-- An operator can settle an unknown outcome by hand (the CLI's resolve):
+-- the verdict is recorded in the row, for the phase after the recovery
+-- point it was given at (resolved_after), and the next attempt that resumes
+-- into that phase takes it (clearing resolved_after) instead of asking the
+-- reconcile function. resolved_happened, resolved_note and resolved_at stay
+-- as the record of what was decided.
 ALTER TABLE idempotency_keys
-    ADD COLUMN unknown_at timestamptz;
+    ADD COLUMN unknown_at timestamptz,
+    ADD COLUMN resolved_after text,
+    ADD COLUMN resolved_happened boolean,
+    ADD COLUMN resolved_note text,
+    ADD COLUMN resolved_at timestamptz;
 
 -- atomicphase_checkpoint commits a phase's recovery point, state and (for the
 -- last phase) response, but only while the caller still holds the lock token.

@@ -63,6 +63,11 @@ type KeyInfo struct {
 	// UnknownAt is when the outcome of the key's foreign call became
 	// unknown; nil unless it is.
 	UnknownAt *time.Time
+	// ResolvedHappened, ResolvedNote and ResolvedAt record the last verdict
+	// an operator gave by hand (Runner.RecordResolution); nil if none.
+	ResolvedHappened *bool
+	ResolvedNote     *string
+	ResolvedAt       *time.Time
 	// ParkedAt is when the key was parked (it failed permanently, or
 	// Config.MaxAttempts times); nil unless it is.
 	ParkedAt *time.Time
@@ -111,7 +116,7 @@ const keyStatusSQL = `CASE
 const keyInfoColumns = `scope, idempotency_key AS key, workflow, recovery_point,
        ` + keyStatusSQL + ` AS status,
        locked_at IS NOT NULL AS locked, lock_token, state, attempts, last_error,
-       next_attempt_at, parked_at, unknown_at,
+       next_attempt_at, parked_at, unknown_at, resolved_happened, resolved_note, resolved_at,
        extract(epoch FROM locked_at - /* TEMPLATE: schema */atomicphase_stale_before($3))::float8 AS lock_expires_in,
        response_status AS status_code, response_header AS header, response_body AS body,
        created_at, updated_at, finished_at`

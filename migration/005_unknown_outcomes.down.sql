@@ -33,4 +33,8 @@ END
 $$;
 
 ALTER TABLE /* TEMPLATE: schema */idempotency_keys
+    DROP COLUMN resolved_at,
+    DROP COLUMN resolved_note,
+    DROP COLUMN resolved_happened,
+    DROP COLUMN resolved_after,
     DROP COLUMN unknown_at;

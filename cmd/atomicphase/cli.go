@@ -92,7 +92,7 @@ version needs, and says to run "atomicphase migrate" when it does not.`),
 	f.DurationVar(&c.lockTimeout, "lock-timeout", atomicphase.DefaultLockTimeout,
 		"the services' Config.LockTimeout: a lock older than this counts as stale")
 
-	root.AddCommand(c.migrateCmd(), c.keysCmd(), c.inspectCmd(), c.resumeCmd(),
+	root.AddCommand(c.migrateCmd(), c.keysCmd(), c.inspectCmd(), c.resumeCmd(), c.resolveCmd(),
 		c.unparkCmd(), c.forgetCmd(), c.reapCmd(), c.sweepCmd())
 	return root
 }

@@ -84,6 +84,18 @@ func writeKeyDetail(w io.Writer, k *atomicphase.KeyInfo) error {
 	field("last error", lastErr)
 	field("next attempt at", timePtrCell(k.NextAttemptAt))
 	field("parked at", timePtrCell(k.ParkedAt))
+	field("outcome unknown since", timePtrCell(k.UnknownAt))
+	if k.ResolvedHappened != nil {
+		verdict := "did not happen"
+		if *k.ResolvedHappened {
+			verdict = "happened"
+		}
+		note := ""
+		if k.ResolvedNote != nil {
+			note = oneLine(*k.ResolvedNote)
+		}
+		field("resolved by hand", fmt.Sprintf("%s at %s: %s", verdict, timePtrCell(k.ResolvedAt), note))
+	}
 	field("created at", timeCell(k.CreatedAt))
 	field("updated at", timeCell(k.UpdatedAt))
 	field("finished at", timePtrCell(k.FinishedAt))

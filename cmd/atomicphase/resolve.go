@@ -1,0 +1,66 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/atomicphase/atomicphase"
+)
+
+func (c *cli) resolveCmd() *cobra.Command {
+	var happened, notHappened bool
+	var note string
+	cmd := &cobra.Command{
+		Use:   "resolve SCOPE KEY (--happened | --not-happened) --note TEXT",
+		Short: "Settle by hand whether a key's call with an unknown outcome took effect",
+		Long: strings.TrimSpace(`
+Record an operator's verdict on a foreign call whose outcome is unknown (a
+payout whose answer was lost, say), when neither the reconcile function nor
+a webhook can tell: you checked with the downstream yourself. The verdict,
+the note and the time are kept in the key's row (inspect shows them), and
+the key is made due at once.
+
+The next attempt that resumes into the waiting phase (the sweep of a
+process that registered the key's workflow, or a client retry) follows the
+verdict, once: --not-happened makes the call; --happened goes on as if the
+call had succeeded (the reconcile function is still asked for the call's
+result, and only its "cannot tell" is overruled).`),
+		Example: examples(`atomicphase resolve driver_7 ride-5521 --not-happened --note "no such payout in the bank's portal (ops: ana)"`),
+		Args:    keyArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if happened == notHappened {
+				return usageErrorf("give exactly one of --happened and --not-happened")
+			}
+			if strings.TrimSpace(note) == "" {
+				return usageErrorf("--note is required: say who checked, and how")
+			}
+			scope, key := args[0], args[1]
+			return c.withRunner(cmd.Context(), func(r *atomicphase.Runner) error {
+				err := r.RecordResolution(cmd.Context(), scope, key, happened, note)
+				switch {
+				case errors.Is(err, atomicphase.ErrKeyNotFound):
+					return keyNotFound(scope, key)
+				case errors.Is(err, atomicphase.ErrKeyFinished):
+					return fmt.Errorf("key %q in scope %q is finished: there is nothing left to resolve", key, scope)
+				case errors.Is(err, atomicphase.ErrInProgress):
+					return fmt.Errorf("key %q in scope %q is held by an attempt right now; try again once it ends", key, scope)
+				case err != nil:
+					return err
+				}
+				verdict := "did not happen: the call will be made"
+				if happened {
+					verdict = "happened: the request goes on without making the call again"
+				}
+				_, err = fmt.Fprintf(c.stdout, "verdict recorded (%s); the next sweep of a process that registered the key's workflow, or a client retry, follows it\n", verdict)
+				return err
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&happened, "happened", false, "the call took effect")
+	cmd.Flags().BoolVar(&notHappened, "not-happened", false, "the call did not take effect")
+	cmd.Flags().StringVar(&note, "note", "", "who checked, and how (kept in the key's row)")
+	return cmd
+}

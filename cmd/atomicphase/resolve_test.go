@@ -1,0 +1,52 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestResolve(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.run(t, "resolve", "bob", "abandoned-1", "--not-happened", "--note", "no such transfer at the bank (ops: ana)")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, "verdict recorded (did not happen: the call will be made)")
+	k := b.inspect(t, "bob", "abandoned-1")
+	require.NotNil(t, k.ResolvedHappened)
+	require.False(t, *k.ResolvedHappened)
+	require.Equal(t, "no such transfer at the bank (ops: ana)", *k.ResolvedNote)
+	require.NotNil(t, k.ResolvedAt)
+	require.Nil(t, k.NextAttemptAt, "due at once")
+
+	res = b.run(t, "inspect", "bob", "abandoned-1")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, "did not happen at")
+	require.Contains(t, res.stdout, "no such transfer at the bank (ops: ana)")
+
+	res = b.run(t, "resolve", "bob", "parked-1", "--happened", "--note", "seen in the portal")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, "happened: the request goes on")
+	require.Nil(t, b.inspect(t, "bob", "parked-1").ParkedAt, "a parked key is made due")
+}
+
+func TestResolveRefusals(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"resolve", "bob", "abandoned-1", "--note", "x"}, exitUsage, "exactly one of --happened and --not-happened"},
+		{[]string{"resolve", "bob", "abandoned-1", "--happened", "--not-happened", "--note", "x"}, exitUsage, "exactly one of"},
+		{[]string{"resolve", "bob", "abandoned-1", "--happened"}, exitUsage, "--note is required"},
+		{[]string{"resolve", "alice", "finished-1", "--happened", "--note", "x"}, exitFailure, "is finished: there is nothing left to resolve"},
+		{[]string{"resolve", "alice", "missing", "--happened", "--note", "x"}, exitFailure, `no key "missing" in scope "alice"`},
+	} {
+		res := b.run(t, tc.args...)
+		require.Equal(t, tc.code, res.code, "%v: %s", tc.args, res.stderr)
+		require.Contains(t, res.stderr, tc.want, tc.args)
+	}
+	require.Nil(t, b.inspect(t, "bob", "abandoned-1").ResolvedHappened, "nothing recorded")
+}
