@@ -1,0 +1,97 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/atomicphasetest"
+	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
+	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/fakebank"
+	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/fakemailer"
+)
+
+// The explorer runs the booking workflow — ride, charge, payout through a
+// bank without idempotency keys, receipt through the outbox — at every
+// fault point × action, each on a clean database, retrying like a client,
+// and checks after each: one ride, one distinct charge, exactly one payout
+// for the ride's reference, one receipt job, all naming the same ride.
+func TestBookingSurvivesEveryFault(t *testing.T) {
+	if testing.Short() {
+		t.Skip("explores every fault point; -short skips it")
+	}
+	sc := atomicphasetest.Scenario{
+		Name: "rocketrides create_ride",
+		DB:   dbOptions,
+		Setup: func(t testing.TB, db *atomicphasetest.DB) *atomicphasetest.Trial {
+			payments, err := fakestripe.Start()
+			if err != nil {
+				t.Fatal(err)
+			}
+			bank, err := fakebank.Start(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mailer, err := fakemailer.Start(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			receipts, err := StartReceipts(db.Pool, mailer.URL, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string, ...any) {})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wf := NewWorkflow(payments.URL, bank.URL, receipts)
+			return &atomicphasetest.Trial{
+				Attempt: func(ctx context.Context, runner *atomicphase.Runner) (*atomicphase.Response, error) {
+					return runner.Run(ctx, wf, atomicphase.Request{Scope: "user@example.com", Key: "ride-1",
+						Method: "POST", Path: "/rides", Params: []byte(rideBody)})
+				},
+				Check: func(ctx context.Context, final *atomicphase.Response) error {
+					if final.Status != 201 {
+						return fmt.Errorf("final answer %d %s; want 201", final.Status, final.Body)
+					}
+					if n := len(payments.Charges()); n != 1 {
+						return fmt.Errorf("%d distinct charges; want 1", n)
+					}
+					for ref, n := range bank.PerReference() {
+						if n != 1 {
+							return fmt.Errorf("%d payouts for reference %s; want 1", n, ref)
+						}
+					}
+					if n := len(bank.PerReference()); n != 1 {
+						return fmt.Errorf("%d payout references; want 1", n)
+					}
+					var rides, jobs int
+					if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM rides`).Scan(&rides); err != nil {
+						return err
+					}
+					if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = $1`, ReceiptArgs{}.Kind()).Scan(&jobs); err != nil {
+						return err
+					}
+					if rides != 1 || jobs != 1 {
+						return fmt.Errorf("%d rides and %d receipt jobs; want 1 and 1", rides, jobs)
+					}
+					return nil
+				},
+				Close: func() {
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					defer cancel()
+					_ = receipts.Stop(ctx)
+					_ = mailer.Close()
+					_ = bank.Close()
+					_ = payments.Close()
+				},
+			}
+		},
+	}
+	if testing.Verbose() {
+		sc.Out = os.Stdout
+	}
+	rep := atomicphasetest.Explore(t, sc)
+	t.Logf("%d runs, %d fault points", len(rep.Rows), len(rep.Points))
+}
