@@ -169,7 +169,6 @@ func respondOK(context.Context, pgx.Tx, *struct{}) (atomicphase.Outcome, error) 
 type seen struct {
 	mu   sync.Mutex
 	keys []string
-	n    atomic.Int32
 }
 
 func (s *seen) add(k string) {
