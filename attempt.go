@@ -39,6 +39,12 @@ type attempt struct {
 	// resumedFrom is the recovery point the attempt resumed at, which an
 	// operator's recorded verdict names (Runner.RecordResolution).
 	resumedFrom string
+	// rec is the key's recording while it rides, uncommitted, in the first
+	// unit's transaction (phase fusion); nil once committed, and for keys
+	// acquired on their own.
+	rec *recording
+	// conn is a connection already in hand, for the first unit.
+	conn *pgxpool.Conn
 }
 
 // newAttempt makes the attempt for a key acquisition took, from the row it
@@ -67,21 +73,7 @@ func (a *attempt) run(ctx context.Context, row *keyRow) (resp *Response, err err
 	if row.RecoveryPoint != RecoveryPointStarted {
 		a.log(ctx, slog.LevelInfo, "atomicphase: resuming key", "recovery_point", row.RecoveryPoint, "attempt", a.attempts)
 	}
-	defer func() {
-		if p := recover(); p != nil {
-			// A panic is a bug that a retry would meet again: park the key
-			// with the panic and its stack, where an operator sees it, then
-			// let the panic go on. A client retry still resumes it (after
-			// the fix, say).
-			why := fmt.Errorf("panic: %v\n%s", p, debug.Stack())
-			if released, perr := a.r.release(ctx, a.scope, a.key, a.token, why, 0, true, false); perr != nil {
-				a.log(ctx, slog.LevelError, "atomicphase: parking after a panic failed", "error", perr)
-			} else if released {
-				a.r.observe(ctx, Event{Kind: EventParked, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Err: why})
-			}
-			panic(p)
-		}
-	}()
+	defer a.parkOnPanic(ctx)
 	if err := a.fault(ctx, "", AfterAcquire, nil); err != nil {
 		return nil, a.fail(ctx, "", err)
 	}
@@ -93,104 +85,28 @@ func (a *attempt) run(ctx context.Context, row *keyRow) (resp *Response, err err
 	if err != nil {
 		return nil, a.fail(ctx, "", Permanent(err))
 	}
-	steps, state := a.wf.phaseSteps(), row.State
-	for {
-		if idx >= len(steps) {
-			return nil, a.fail(ctx, row.RecoveryPoint, Permanent(ErrNoResponse))
-		}
-		st := &steps[idx]
-		res, err := a.observedPhase(ctx, idx, st, state)
-		if err != nil {
-			return nil, a.fail(ctx, st.name, err)
-		}
-		if res.resp != nil {
-			return res.resp, nil
-		}
-		idx, state = res.nextIdx, res.state
-		a.fresh = true // this attempt committed the phase before the next one
-	}
+	return a.loop(ctx, idx, row.State)
 }
 
-// observedPhase runs a phase under its span and reports how it ended.
-func (a *attempt) observedPhase(ctx context.Context, idx int, st *step, state []byte) (phaseResult, error) {
-	if a.r.cfg.Observer == nil {
-		return a.runPhase(ctx, idx, st, state)
+// parkOnPanic, deferred, parks the key when the attempt panics. A panic is
+// a bug that a retry would meet again: the key is parked with the panic and
+// its stack, where an operator sees it, and the panic goes on. A client
+// retry still resumes it (after the fix, say).
+func (a *attempt) parkOnPanic(ctx context.Context) {
+	p := recover()
+	if p == nil {
+		return
 	}
-	start := time.Now()
-	ctx, end := a.r.span(ctx, Span{Kind: SpanPhase, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name})
-	defer func() {
-		if p := recover(); p != nil {
-			err := fmt.Errorf("panic: %v", p)
-			a.r.observe(ctx, Event{Kind: EventPhaseFailed, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name, Duration: time.Since(start), Err: err})
-			end(err)
-			panic(p)
-		}
-	}()
-	res, err := a.runPhase(ctx, idx, st, state)
-	e := Event{Kind: EventPhaseCommitted, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name, Duration: time.Since(start)}
-	if err != nil {
-		e.Kind, e.Err = EventPhaseFailed, err
+	why := fmt.Errorf("panic: %v\n%s", p, debug.Stack())
+	if !a.recordAlone(ctx) {
+		panic(p)
 	}
-	a.r.observe(ctx, e) // while the phase's span is open
-	end(err)
-	return res, err
-}
-
-// runPhase makes a foreign phase's call (once), then commits the phase,
-// retrying its transaction on serialization failures and deadlocks.
-func (a *attempt) runPhase(ctx context.Context, idx int, st *step, state []byte) (phaseResult, error) {
-	if st.call != nil {
-		// A foreign phase holds no connection before its call.
-		if err := a.fault(ctx, st.name, BeforePhase, nil); err != nil {
-			return phaseResult{}, err
-		}
-		key := downstreamKey(a.salt, a.wf.Name(), a.scope, a.key, st.downstreamName)
-		// The reconcile function gets a guard of its own, so that a lookup
-		// made through it leaves the call's one claim unspent.
-		out, happened, err := a.reconcile(ctx, st, newForeignCall(key), state)
-		if err != nil {
-			return phaseResult{}, err
-		}
-		if !happened {
-			fc := newForeignCall(key)
-			out, err = st.call(ctx, fc, state)
-			if ferr := a.fault(ctx, st.name, AfterForeign, nil); ferr != nil {
-				if st.reconcile != nil && !errors.Is(ferr, ErrCrashed) {
-					// Whatever failed after the call, it may have gone out.
-					ferr = outcomeUnknown(ferr)
-					a.r.observe(ctx, Event{Kind: EventUnknown, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name, Err: ferr})
-				}
-				return phaseResult{}, ferr
-			}
-			if fc.wasViolated() {
-				err = Permanent(ErrSecondForeignCall) // even if the phase swallowed it
-			}
-			if err != nil && st.reconcile != nil && !errors.Is(err, ErrPermanent) {
-				// The call may have gone out: nothing may repeat it now
-				// before reconciliation tells.
-				err = outcomeUnknown(err)
-				a.r.observe(ctx, Event{Kind: EventUnknown, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name, Err: err})
-			}
-			if err != nil {
-				return phaseResult{}, err
-			}
-		}
-		state = out
+	if released, perr := a.r.release(ctx, a.scope, a.key, a.token, why, 0, true, false); perr != nil {
+		a.log(ctx, slog.LevelError, "atomicphase: parking after a panic failed", "error", perr)
+	} else if released {
+		a.r.observe(ctx, Event{Kind: EventParked, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Err: why})
 	}
-	for try := 0; ; try++ {
-		res, err := a.commitPhase(ctx, idx, st, state)
-		if isDataError(err) {
-			// The same input meets the same refusal on every retry.
-			return res, Permanent(err)
-		}
-		if err == nil || !isConflict(err) || try >= a.r.cfg.PhaseRetries {
-			return res, err
-		}
-		a.log(ctx, slog.LevelInfo, "atomicphase: retrying phase", "phase", st.name, "try", try+1, "error", err)
-		if err := sleepJitter(ctx, a.r.cfg.retryBackoff(try)); err != nil {
-			return res, err
-		}
-	}
+	panic(p)
 }
 
 // runnable reports whether this process's workflow has the phase the row
@@ -292,68 +208,6 @@ func (a *attempt) takeVerdict(ctx context.Context) (*bool, error) {
 		return nil, err
 	}
 	return &happened, nil
-}
-
-// commitPhase runs a phase's transaction on a connection of its own: the
-// local function, then its checkpoint (recovery point, state and, when it
-// responds, response), committed together. The connection is held only for
-// this.
-func (a *attempt) commitPhase(ctx context.Context, idx int, st *step, state []byte) (res phaseResult, err error) {
-	pc, err := a.r.pool.Acquire(ctx)
-	if err != nil {
-		return res, err
-	}
-	tx := newPhaseTx(pc.Conn(), st.isolation)
-	committed := false
-	defer func() {
-		p := recover()
-		switch {
-		case errors.Is(err, ErrCrashed) && p == nil:
-			crash(ctx, pc)
-			return
-		case !committed && tx.begun():
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-			_ = tx.rollback(cctx) // a broken connection is discarded by the pool
-			cancel()
-		}
-		pc.Release()
-		if p != nil {
-			panic(p)
-		}
-	}()
-
-	if st.call == nil {
-		// A local phase's body is about to run on this connection.
-		if err := a.fault(ctx, st.name, BeforePhase, pc.Conn()); err != nil {
-			return res, err
-		}
-	}
-	out := Outcome{}
-	if st.local != nil {
-		if state, out, err = st.local(ctx, tx, state); err == nil {
-			err = tx.err
-		}
-		if err != nil {
-			return res, err
-		}
-	}
-	res, cp, err := a.route(idx, st, out, state)
-	if err != nil {
-		return res, err
-	}
-	if res.resp != nil {
-		if err := a.fault(ctx, st.name, BeforeResponse, pc.Conn()); err != nil {
-			return res, err
-		}
-	}
-	if err := a.fault(ctx, st.name, BeforeCommit, pc.Conn()); err != nil {
-		return res, err
-	}
-	if err := a.commit(ctx, pc.Conn(), tx, cp); err != nil {
-		return res, err
-	}
-	committed = true
-	return res, a.fault(ctx, st.name, AfterCommit, pc.Conn())
 }
 
 // route checks a phase's outcome and says where the workflow goes next and

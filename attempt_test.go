@@ -102,7 +102,7 @@ func TestRunRetriesSerializationFailure(t *testing.T) {
 
 	var attempts int
 	wf, err := atomicphase.NewWorkflow("bump", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
-		atomicphase.Local("bump", func(ctx context.Context, tx pgx.Tx, _ *struct{}) (atomicphase.Outcome, error) {
+		atomicphase.Local("bump", func(ctx context.Context, tx atomicphase.Tx, _ *struct{}) (atomicphase.Outcome, error) {
 			attempts++
 			var note string
 			if err := tx.QueryRow(ctx, `SELECT note FROM effects WHERE phase = 'counter'`).Scan(&note); err != nil {
@@ -142,7 +142,7 @@ func TestRunRetriesDeadlock(t *testing.T) {
 	var once sync.Map
 	mk := func(name, first, second string) *atomicphase.Workflow[struct{}] {
 		wf, err := atomicphase.NewWorkflow(name, startEmpty[struct{}], []atomicphase.Phase[struct{}]{
-			atomicphase.Local("lock", func(ctx context.Context, tx pgx.Tx, _ *struct{}) (atomicphase.Outcome, error) {
+			atomicphase.Local("lock", func(ctx context.Context, tx atomicphase.Tx, _ *struct{}) (atomicphase.Outcome, error) {
 				if _, err := tx.Exec(ctx, `UPDATE effects SET note = $1 WHERE phase = $2`, name, first); err != nil {
 					return atomicphase.Outcome{}, err
 				}
@@ -206,7 +206,7 @@ func TestPermanentErrorParksTheKey(t *testing.T) {
 	var calls atomic.Int32
 	type st struct{}
 	wf := atomicphase.MustWorkflow("perm", startEmpty[st], []atomicphase.Phase[st]{
-		atomicphase.Local("check", func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+		atomicphase.Local("check", func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
 			calls.Add(1)
 			if broken.Load() {
 				return atomicphase.Outcome{}, atomicphase.Permanent(errors.New("downstream says 400: unknown account"))
@@ -237,7 +237,7 @@ func TestProgrammingErrorsArePermanent(t *testing.T) {
 	t.Parallel()
 	type st struct{}
 	for name, phase := range map[string]atomicphase.Phase[st]{
-		"no response": atomicphase.Local("last", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+		"no response": atomicphase.Local("last", func(context.Context, atomicphase.Tx, *st) (atomicphase.Outcome, error) {
 			return atomicphase.Continue(), nil
 		}),
 		"second foreign call": atomicphase.Foreign("call", func(ctx context.Context, call *atomicphase.ForeignCall, s *st) error {
@@ -245,21 +245,21 @@ func TestProgrammingErrorsArePermanent(t *testing.T) {
 			_ = call.Do(ctx, func(context.Context, string) error { return nil })
 			return nil
 		}, nil),
-		"informational status": atomicphase.Local("early", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+		"informational status": atomicphase.Local("early", func(context.Context, atomicphase.Tx, *st) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(103, nil), nil
 		}),
-		"undeclared jump": atomicphase.Local("jump", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+		"undeclared jump": atomicphase.Local("jump", func(context.Context, atomicphase.Tx, *st) (atomicphase.Outcome, error) {
 			return atomicphase.JumpTo("nowhere"), nil
 		}),
-		"data error": atomicphase.Local("insert", func(ctx context.Context, tx pgx.Tx, _ *st) (atomicphase.Outcome, error) {
+		"data error": atomicphase.Local("insert", func(ctx context.Context, tx atomicphase.Tx, _ *st) (atomicphase.Outcome, error) {
 			_, err := tx.Exec(ctx, `INSERT INTO effects (scope, key, phase, note) VALUES ('u', 'k', 'insert', $1)`, "nul \x00 byte")
 			return atomicphase.Continue(), err
 		}),
-		"division by zero": atomicphase.Local("divide", func(ctx context.Context, tx pgx.Tx, _ *st) (atomicphase.Outcome, error) {
+		"division by zero": atomicphase.Local("divide", func(ctx context.Context, tx atomicphase.Tx, _ *st) (atomicphase.Outcome, error) {
 			_, err := tx.Exec(ctx, `SELECT $1::int / 0`, 1)
 			return atomicphase.Continue(), err
 		}),
-		"misspelt column": atomicphase.Local("insert", func(ctx context.Context, tx pgx.Tx, _ *st) (atomicphase.Outcome, error) {
+		"misspelt column": atomicphase.Local("insert", func(ctx context.Context, tx atomicphase.Tx, _ *st) (atomicphase.Outcome, error) {
 			_, err := tx.Exec(ctx, `INSERT INTO effects (scoop) VALUES ('u')`)
 			return atomicphase.Continue(), err
 		}),
@@ -292,7 +292,7 @@ func TestConstraintViolationIsPermanent(t *testing.T) {
 	require.NoError(t, err)
 	type st struct{}
 	wf := atomicphase.MustWorkflow("chk", startEmpty[st], []atomicphase.Phase[st]{
-		atomicphase.Local("ins", func(ctx context.Context, tx pgx.Tx, _ *st) (atomicphase.Outcome, error) {
+		atomicphase.Local("ins", func(ctx context.Context, tx atomicphase.Tx, _ *st) (atomicphase.Outcome, error) {
 			_, err := tx.Exec(ctx, `INSERT INTO qty VALUES (0)`)
 			return atomicphase.Respond(200, nil), err
 		}),
@@ -311,7 +311,7 @@ func TestPanicParksTheKey(t *testing.T) {
 	b := setup(t, nil)
 	type st struct{}
 	wf := atomicphase.MustWorkflow("pan", startEmpty[st], []atomicphase.Phase[st]{
-		atomicphase.Local("boom", func(ctx context.Context, tx pgx.Tx, _ *st) (atomicphase.Outcome, error) {
+		atomicphase.Local("boom", func(ctx context.Context, tx atomicphase.Tx, _ *st) (atomicphase.Outcome, error) {
 			var m map[string]int
 			m["x"] = 1
 			return atomicphase.Respond(200, nil), nil

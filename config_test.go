@@ -165,7 +165,7 @@ func TestSchemaNamesNeedingQuotes(t *testing.T) {
 		}
 		type st struct{}
 		wf := atomicphase.MustWorkflow("q", startEmpty[st], []atomicphase.Phase[st]{
-			atomicphase.Local("only", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+			atomicphase.Local("only", func(context.Context, atomicphase.Tx, *st) (atomicphase.Outcome, error) {
 				return atomicphase.Respond(200, []byte("ok")), nil
 			}),
 		}, nil)

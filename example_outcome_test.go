@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/atomicphase/atomicphase"
 )
 
@@ -18,7 +16,7 @@ type shipment struct {
 // state alone can be called directly, with a nil tx and no database, and its
 // Outcome asked where the workflow goes next.
 func ExampleOutcome() {
-	route := func(_ context.Context, _ pgx.Tx, s *shipment) (atomicphase.Outcome, error) {
+	route := func(_ context.Context, _ atomicphase.Tx, s *shipment) (atomicphase.Outcome, error) {
 		switch {
 		case s.Weight > 1000:
 			return atomicphase.Respond(422, []byte(`{"error":"too heavy"}`)), nil

@@ -34,7 +34,7 @@ func Example() {
 
 	bankDown := true
 	wf := atomicphase.MustWorkflow("transfer", startEmpty[transfer], []atomicphase.Phase[transfer]{
-		atomicphase.Local("record", func(ctx context.Context, tx pgx.Tx, t *transfer) (atomicphase.Outcome, error) {
+		atomicphase.Local("record", func(ctx context.Context, tx atomicphase.Tx, t *transfer) (atomicphase.Outcome, error) {
 			return atomicphase.Continue(), tx.QueryRow(ctx,
 				`INSERT INTO example_transfers (amount) VALUES ($1) RETURNING id`, t.Amount).Scan(&t.TransferID)
 		}),
@@ -47,7 +47,7 @@ func Example() {
 				return nil
 			})
 		}, nil),
-		atomicphase.Local("confirm", func(ctx context.Context, tx pgx.Tx, t *transfer) (atomicphase.Outcome, error) {
+		atomicphase.Local("confirm", func(ctx context.Context, tx atomicphase.Tx, t *transfer) (atomicphase.Outcome, error) {
 			_, err := tx.Exec(ctx, `UPDATE example_transfers SET bank_ref = $1 WHERE id = $2`, t.BankRef, t.TransferID)
 			return atomicphase.Respond(201, []byte(`{"status":"sent"}`)), err
 		}),

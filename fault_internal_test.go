@@ -40,4 +40,4 @@ func TestFaultPointWithoutInjectorAllocatesNothing(t *testing.T) {
 	}
 }
 
-func noopPhase(context.Context, pgx.Tx, *struct{}) (Outcome, error) { return Continue(), nil }
+func noopPhase(context.Context, Tx, *struct{}) (Outcome, error) { return Continue(), nil }

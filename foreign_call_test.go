@@ -175,7 +175,7 @@ func TestTransportSendsTheDerivedKeyOverTheRequestsOwn(t *testing.T) {
 				return err
 			}
 			return resp.Body.Close()
-		}, func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+		}, func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
 			if failRecord.Swap(false) {
 				return atomicphase.Outcome{}, errors.New("record step fails once")
 			}
@@ -226,7 +226,7 @@ func TestTransportFollowsRedirectsAsOneCall(t *testing.T) {
 			}
 			s.Charge = out.ID
 			return nil
-		}, func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+		}, func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(201, []byte(s.Charge)), nil
 		}),
 	}, nil)
@@ -254,7 +254,7 @@ func TestNewRowUnderAnOldKeyGetsNewDownstreamKeys(t *testing.T) {
 				return errors.New("transient")
 			}
 			return nil
-		}, func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+		}, func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(200, nil), nil
 		}),
 	}, nil)
@@ -287,7 +287,7 @@ func TestRenamedForeignPhaseKeepsItsDownstreamKey(t *testing.T) {
 	}
 	var crash atomic.Bool
 	crash.Store(true)
-	record := func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+	record := func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
 		if crash.Swap(false) {
 			return atomicphase.Outcome{}, errors.New("process dies after the charge, before the commit")
 		}
@@ -347,7 +347,7 @@ func TestTransportGuardCountsAResentRedirectedRequest(t *testing.T) {
 				resp2.Body.Close()
 			}
 			return nil
-		}, func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+		}, func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(200, nil), nil
 		}),
 	}, nil)

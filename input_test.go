@@ -51,7 +51,7 @@ func TestInputNamesFoldLikeEncodingJSON(t *testing.T) {
 		seenSku = i.Sku
 		return st{Sku: i.Sku}, nil
 	}, []atomicphase.Phase[st]{
-		atomicphase.Local("only", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+		atomicphase.Local("only", func(context.Context, atomicphase.Tx, *st) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(200, nil), nil
 		}),
 	}, nil)

@@ -54,6 +54,115 @@ type keyRow struct {
 const acquireSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_acquire(
 	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, $9::bigint, $10::integer)`
 
+// peekSQL reads what a request needs to know about its key before it
+// runs: whether the key exists, and when it does, whether it was used with
+// another request, its stored response, and whether a live attempt holds
+// it. It is the whole of a replay: one primary-key read, written to nothing.
+const peekSQL = `
+SELECT workflow, fingerprint, response_status, response_header, response_body,
+       /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($3)),
+       extract(epoch FROM locked_at - /* TEMPLATE: schema */atomicphase_stale_before($3))::float8
+FROM /* TEMPLATE: schema */idempotency_keys
+WHERE scope = $1 AND idempotency_key = $2`
+
+// recordSQL records a new key, locked under the caller's lock token, inside
+// the transaction of the workflow's first phase (phase fusion): the key
+// and the phase's writes commit together. It records nothing when the key
+// exists, having waited for an attempt recording it at the same moment to
+// commit or roll back; the caller then acquires the key on its own
+// (acquireSQL), which explains why. The lock time comes from the
+// statement's now(), one value for the row.
+const recordSQL = `
+INSERT INTO /* TEMPLATE: schema */idempotency_keys
+    (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, lock_token, locked_at)
+VALUES ($1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, now())
+ON CONFLICT (scope, idempotency_key) DO NOTHING
+RETURNING downstream_salt::text`
+
+// recordCappedSQL is recordSQL under Config.MaxUnfinishedPerScope ($9): it
+// also records nothing while the scope has that many unfinished keys (the
+// acquisition that follows reports it).
+const recordCappedSQL = `
+INSERT INTO /* TEMPLATE: schema */idempotency_keys
+    (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, lock_token, locked_at)
+SELECT $1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, now()
+WHERE (SELECT count(*) FROM (
+          SELECT 1 FROM /* TEMPLATE: schema */idempotency_keys u
+          WHERE u.scope = $1::text AND u.response_status IS NULL AND u.parked_at IS NULL
+          LIMIT $9::integer) AS capped) < $9::integer
+ON CONFLICT (scope, idempotency_key) DO NOTHING
+RETURNING downstream_salt::text`
+
+// peeked is what peekSQL read about an existing key.
+type peeked struct {
+	keyRow
+	takeable bool
+}
+
+// peek reads the request's key on conn. found is false when the key does
+// not exist.
+func (r *Runner) peek(ctx context.Context, conn *pgx.Conn, req *Request) (p peeked, found bool, err error) {
+	err = conn.QueryRow(ctx, r.sql.peek, req.Scope, req.Key, r.cfg.LockTimeout.Microseconds()).
+		Scan(&p.Workflow, &p.Fingerprint, &p.ResponseStatus, &p.ResponseHeader, &p.ResponseBody,
+			&p.takeable, &p.LockExpiresIn)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return p, false, nil
+	}
+	return p, err == nil, err
+}
+
+// recording is a new key's recording, sent at the head of the first
+// phase's transaction (phaseTx.rec).
+type recording struct {
+	sql  string
+	args []any
+	// req, fp and state are the request's, for recording the key on its
+	// own when the transaction that carried the recording failed.
+	req   *Request
+	fp    Fingerprint
+	state []byte
+	// sent and recorded say how it went: recorded is false when the key
+	// existed (or its scope was over its limit).
+	sent, recorded bool
+	// salt is the new row's downstream salt.
+	salt string
+	// onRecorded, when set, is called once the key is known recorded.
+	onRecorded func()
+}
+
+// errNotRecorded stops a transaction whose recording found the key
+// already there: the attempt ran on the assumption of a new key, and the
+// key is acquired on its own instead.
+var errNotRecorded = errors.New("atomicphase: the key was recorded meanwhile")
+
+// read reads the recording's answer from br.
+func (rec *recording) read(br pgx.BatchResults) error {
+	rec.sent = true
+	err := br.QueryRow().Scan(&rec.salt)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return errNotRecorded
+	case err != nil:
+		return err
+	}
+	rec.recorded = true
+	if rec.onRecorded != nil {
+		rec.onRecorded()
+	}
+	return nil
+}
+
+// newRecording makes the recording of req's key under token.
+func (r *Runner) newRecording(req *Request, workflow string, fp Fingerprint, state []byte, token int64) *recording {
+	rec := &recording{sql: r.sql.record, req: req, fp: fp, state: state,
+		args: []any{req.Scope, req.Key, workflow, fp[:], req.Method, req.Path, state, token}}
+	if limit := r.maxUnfinished(); limit != nil {
+		rec.sql = r.sql.recordCapped
+		rec.args = append(rec.args, *limit)
+	}
+	return rec
+}
+
 // takeSQL takes an unfinished key that is unlocked or stale, without a
 // request at hand, under the caller's lock token. For the sweep ($5) it
 // also re-checks what made the key due when the sweep picked it: not parked,

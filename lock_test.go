@@ -325,7 +325,7 @@ func TestLostAcquisitionAnswerLeavesTheKeyTakeable(t *testing.T) {
 	require.NoError(t, err)
 	type st struct{}
 	wf := atomicphase.MustWorkflow("lostack", startEmpty[st], []atomicphase.Phase[st]{
-		atomicphase.Local("only", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+		atomicphase.Local("only", func(context.Context, atomicphase.Tx, *st) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(200, []byte("done")), nil
 		}),
 	}, nil)
@@ -353,7 +353,7 @@ func TestContendedAcquisitionAsksForAPositiveRetryAfter(t *testing.T) {
 	fail.Store(true)
 	type st struct{}
 	wf := atomicphase.MustWorkflow("contended", startEmpty[st], []atomicphase.Phase[st]{
-		atomicphase.Local("only", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+		atomicphase.Local("only", func(context.Context, atomicphase.Tx, *st) (atomicphase.Outcome, error) {
 			if fail.Load() {
 				return atomicphase.Outcome{}, errors.New("transient")
 			}

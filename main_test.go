@@ -106,7 +106,7 @@ type hooks struct {
 func orderWorkflow(t testing.TB, c *counters, h hooks) *atomicphase.Workflow[orderState] {
 	t.Helper()
 	wf, err := atomicphase.NewWorkflow("order", startOrder, []atomicphase.Phase[orderState]{
-		atomicphase.Local("create", func(ctx context.Context, tx pgx.Tx, s *orderState) (atomicphase.Outcome, error) {
+		atomicphase.Local("create", func(ctx context.Context, tx atomicphase.Tx, s *orderState) (atomicphase.Outcome, error) {
 			c.create.Add(1)
 			if err := tx.QueryRow(ctx, `INSERT INTO effects (scope, key, phase, note) VALUES ('', '', 'create', $1) RETURNING id`, s.Item).Scan(&s.OrderID); err != nil {
 				return atomicphase.Outcome{}, err
@@ -126,7 +126,7 @@ func orderWorkflow(t testing.TB, c *counters, h hooks) *atomicphase.Workflow[ord
 				return nil
 			})
 		}, nil),
-		atomicphase.Local("finish", func(ctx context.Context, tx pgx.Tx, s *orderState) (atomicphase.Outcome, error) {
+		atomicphase.Local("finish", func(ctx context.Context, tx atomicphase.Tx, s *orderState) (atomicphase.Outcome, error) {
 			c.finish.Add(1)
 			if h.finish != nil {
 				if err := h.finish(ctx, tx, s); err != nil {
@@ -156,12 +156,12 @@ func startEmpty[S any](struct{}, *atomicphase.Request) (S, error) {
 }
 
 // noop is a local phase that continues.
-func noop(context.Context, pgx.Tx, *struct{}) (atomicphase.Outcome, error) {
+func noop(context.Context, atomicphase.Tx, *struct{}) (atomicphase.Outcome, error) {
 	return atomicphase.Continue(), nil
 }
 
 // respondOK is a one-phase workflow's phase: it responds 200 "ok".
-func respondOK(context.Context, pgx.Tx, *struct{}) (atomicphase.Outcome, error) {
+func respondOK(context.Context, atomicphase.Tx, *struct{}) (atomicphase.Outcome, error) {
 	return atomicphase.Respond(200, []byte("ok")), nil
 }
 
@@ -212,7 +212,7 @@ func shopWorkflow(chargesMade *atomic.Int32) *atomicphase.Workflow[shopState] {
 				s.ChargeID = "ch_1"
 				return nil
 			})
-		}, func(ctx context.Context, tx pgx.Tx, s *shopState) (atomicphase.Outcome, error) {
+		}, func(ctx context.Context, tx atomicphase.Tx, s *shopState) (atomicphase.Outcome, error) {
 			if s.Declined != "" {
 				return atomicphase.Respond(402, []byte(s.Declined)), nil
 			}

@@ -238,7 +238,7 @@ func TestSchemaFileAppliesOnItsOwn(t *testing.T) {
 	runner, err := atomicphase.NewRunner(db.Pool, nil)
 	require.NoError(t, err)
 	wf := atomicphase.MustWorkflow("one", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
-		atomicphase.Local("only", func(context.Context, pgx.Tx, *struct{}) (atomicphase.Outcome, error) {
+		atomicphase.Local("only", func(context.Context, atomicphase.Tx, *struct{}) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(200, []byte("ok")), nil
 		}),
 	}, nil)
@@ -255,7 +255,7 @@ func TestMigration003DownRefusesWhileSaltedKeysAreUnfinished(t *testing.T) {
 	b := setup(t, nil)
 	type st struct{}
 	wf := atomicphase.MustWorkflow("unfinished", startEmpty[st], []atomicphase.Phase[st]{
-		atomicphase.Local("only", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+		atomicphase.Local("only", func(context.Context, atomicphase.Tx, *st) (atomicphase.Outcome, error) {
 			return atomicphase.Outcome{}, errors.New("transient")
 		}),
 	}, nil)

@@ -158,7 +158,7 @@ func TestObserverSeesEachDecisionOnce(t *testing.T) {
 	require.Equal(t, []atomicphase.EventKind{atomicphase.EventTakeover, committed, committed}, rec.take(), "a takeover is one takeover")
 
 	perm := atomicphase.MustWorkflow("perm", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
-		atomicphase.Local("no", func(context.Context, pgx.Tx, *struct{}) (atomicphase.Outcome, error) {
+		atomicphase.Local("no", func(context.Context, atomicphase.Tx, *struct{}) (atomicphase.Outcome, error) {
 			return atomicphase.Outcome{}, atomicphase.Permanent(errors.New("never"))
 		}),
 	}, nil)

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/atomicphase/atomicphase"
@@ -84,7 +83,7 @@ type parcel struct {
 
 // triage decides from the state alone and touches no database, so a unit
 // test can call it with a nil tx.
-func triage(_ context.Context, _ pgx.Tx, p *parcel) (atomicphase.Outcome, error) {
+func triage(_ context.Context, _ atomicphase.Tx, p *parcel) (atomicphase.Outcome, error) {
 	p.Trail = append(p.Trail, "triage")
 	if p.Express {
 		return atomicphase.JumpTo("ship"), nil
@@ -92,12 +91,12 @@ func triage(_ context.Context, _ pgx.Tx, p *parcel) (atomicphase.Outcome, error)
 	return atomicphase.Continue(), nil
 }
 
-func review(_ context.Context, _ pgx.Tx, p *parcel) (atomicphase.Outcome, error) {
+func review(_ context.Context, _ atomicphase.Tx, p *parcel) (atomicphase.Outcome, error) {
 	p.Trail = append(p.Trail, "review")
 	return atomicphase.Continue(), nil
 }
 
-func ship(_ context.Context, _ pgx.Tx, p *parcel) (atomicphase.Outcome, error) {
+func ship(_ context.Context, _ atomicphase.Tx, p *parcel) (atomicphase.Outcome, error) {
 	p.Trail = append(p.Trail, "ship")
 	body := []byte(`"standard"`)
 	if p.Express {

@@ -13,7 +13,30 @@ import (
 // all. tx must not be committed or rolled back by the function (those calls
 // return ErrPhaseTxControl). A returned error is transient: the transaction
 // rolls back, the key is unlocked and a retry runs the phase again.
-type LocalFunc[S any] func(ctx context.Context, tx pgx.Tx, state *S) (Outcome, error)
+//
+// Write with tx.Queue when the phase does not need a statement's result:
+// queued writes travel with the commit, and cost no round trip of their own.
+type LocalFunc[S any] func(ctx context.Context, tx Tx, state *S) (Outcome, error)
+
+// Tx is the transaction a phase's database work runs in. It is a pgx.Tx
+// whose statements run at once (Exec, Query, QueryRow and the rest), plus
+// Queue, for writes whose results the phase does not need.
+//
+// Consecutive local phases, and a foreign phase's record step with the local
+// phases after it, share one transaction (see Workflow): what one of them
+// wrote, the next one reads.
+type Tx interface {
+	pgx.Tx
+
+	// Queue adds a statement to the transaction without sending it. Queued
+	// statements are sent in order, together with whatever is sent next on
+	// the transaction: the phase's next immediate statement, or its commit,
+	// pipelined in the same round trip. A queued statement that fails fails
+	// the phase (at that next send, or at commit) and rolls the transaction
+	// back. Its result (rows, rows affected) is discarded: use Exec or
+	// QueryRow for a statement whose result matters.
+	Queue(sql string, args ...any)
+}
 
 // CallFunc is the foreign half of a foreign phase. It runs with no
 // transaction and no pooled connection held, and must make its one call

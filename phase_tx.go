@@ -8,18 +8,47 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// phaseTx is the pgx.Tx a phase function receives. It begins its
-// transaction lazily, pipelining BEGIN with the phase's first statement so a
-// phase costs no round trip of its own for BEGIN, and it leaves COMMIT and
-// ROLLBACK to the Runner, which pipelines COMMIT with the recovery point.
+// phaseTx is the Tx a phase function receives: one transaction, shared by
+// the phases that fuse into it (see attempt.unit). It begins lazily,
+// pipelining BEGIN with the first statement sent, so a transaction costs no
+// round trip of its own for BEGIN; it holds queued statements (Tx.Queue)
+// until the next send; and it leaves COMMIT and ROLLBACK to the Runner,
+// which pipelines COMMIT with the recovery point. When the transaction also
+// records a new key (rec), the recording travels first, in the same round
+// trip as whatever is sent first.
 type phaseTx struct {
 	conn *pgx.Conn
 	opts pgx.TxOptions
-	tx   pgx.Tx // nil until the first statement
+	tx   pgx.Tx // nil until the first send
 	err  error  // a failure no pgx.Tx method could return
+	// phase is the phase whose function runs now; queued statements are
+	// charged to it.
+	phase string
+	// rec records the key, until sent.
+	rec *recording
+	// queue holds the statements queued since the last send.
+	queue []queued
 }
 
-var _ pgx.Tx = (*phaseTx)(nil)
+var _ Tx = (*phaseTx)(nil)
+
+// queued is a statement a phase queued with Tx.Queue.
+type queued struct {
+	sql   string
+	args  []any
+	phase string
+}
+
+// queuedError is a queued statement's failure, charged to the phase that
+// queued it: the error may surface while a later phase of the same
+// transaction sends.
+type queuedError struct {
+	phase string
+	err   error
+}
+
+func (e *queuedError) Error() string { return e.err.Error() }
+func (e *queuedError) Unwrap() error { return e.err }
 
 func newPhaseTx(conn *pgx.Conn, iso pgx.TxIsoLevel) *phaseTx {
 	return &phaseTx{conn: conn, opts: pgx.TxOptions{IsoLevel: iso}}
@@ -28,57 +57,104 @@ func newPhaseTx(conn *pgx.Conn, iso pgx.TxIsoLevel) *phaseTx {
 // begun reports whether the transaction was opened on the server.
 func (t *phaseTx) begun() bool { return t.tx != nil }
 
-// beginNow opens the transaction with a round trip of its own, for the
-// operations that cannot carry BEGIN along.
-func (t *phaseTx) beginNow(ctx context.Context) error {
-	if t.tx != nil {
-		return nil
-	}
-	tx, err := t.conn.BeginTx(ctx, t.opts)
-	if err != nil {
-		return err
-	}
-	t.tx = tx
-	return nil
+// pending reports whether anything waits to be sent.
+func (t *phaseTx) pending() bool { return t.rec != nil || len(t.queue) > 0 }
+
+// Queue adds a statement to be sent with the transaction's next send.
+func (t *phaseTx) Queue(sql string, args ...any) {
+	t.queue = append(t.queue, queued{sql: sql, args: args, phase: t.phase})
 }
 
-// sendWithBegin sends one statement with BEGIN ahead of it in a single
-// round trip and returns the batch, positioned at the statement's result.
-func (t *phaseTx) sendWithBegin(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
+// send sends, in one round trip: BEGIN unless the transaction has begun,
+// the key's recording and the queued statements when there are any, then
+// the statements tail adds (tail may be nil). It reads the results ahead of
+// tail's and returns the batch positioned at tail's first result, for the
+// caller to read and close.
+func (t *phaseTx) send(ctx context.Context, tail func(*pgx.Batch)) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
-	b.BeginTx(t.opts)
-	b.Queue(sql, args...)
+	begin := t.tx == nil
+	if begin {
+		b.BeginTx(t.opts)
+	}
+	rec, queue := t.rec, t.queue
+	t.rec, t.queue = nil, nil
+	if rec != nil {
+		b.Queue(rec.sql, rec.args...)
+	}
+	for _, q := range queue {
+		b.Queue(q.sql, q.args...)
+	}
+	if tail != nil {
+		tail(b)
+	}
 	br := t.conn.SendBatch(ctx, b)
-	t.tx = br.Tx()
-	if _, err := br.Exec(); err != nil { // BEGIN's result
-		return nil, errors.Join(err, br.Close())
+	if begin {
+		t.tx = br.Tx()
+		if _, err := br.Exec(); err != nil { // BEGIN's result
+			return nil, closeAfter(br, err)
+		}
+	}
+	if rec != nil {
+		if err := rec.read(br); err != nil {
+			return nil, closeAfter(br, err)
+		}
+	}
+	for _, q := range queue {
+		if _, err := br.Exec(); err != nil {
+			return nil, closeAfter(br, &queuedError{phase: q.phase, err: err})
+		}
 	}
 	return br, nil
 }
 
+// closeAfter closes a batch that failed with err and returns err (with the
+// close's own error when it says something else).
+func closeAfter(br pgx.BatchResults, err error) error {
+	if cerr := br.Close(); cerr != nil && !errors.Is(err, cerr) && cerr.Error() != err.Error() {
+		return errors.Join(err, cerr)
+	}
+	return err
+}
+
+// flush sends whatever waits (BEGIN, the recording, queued statements),
+// for the operations that cannot carry it along.
+func (t *phaseTx) flush(ctx context.Context) error {
+	if t.tx != nil && !t.pending() {
+		return nil
+	}
+	br, err := t.send(ctx, nil)
+	if err != nil {
+		return err
+	}
+	return br.Close()
+}
+
 func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if t.tx != nil {
+	if t.tx != nil && !t.pending() {
 		return t.tx.Exec(ctx, sql, args...)
 	}
-	br, err := t.sendWithBegin(ctx, sql, args)
+	br, err := t.send(ctx, func(b *pgx.Batch) { b.Queue(sql, args...) })
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	tag, err := br.Exec()
-	return tag, errors.Join(err, br.Close())
+	if err != nil {
+		return tag, closeAfter(br, err)
+	}
+	return tag, br.Close()
 }
 
 func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if t.tx != nil {
+	if t.tx != nil && !t.pending() {
 		return t.tx.Query(ctx, sql, args...)
 	}
-	br, err := t.sendWithBegin(ctx, sql, args)
+	br, err := t.send(ctx, func(b *pgx.Batch) { b.Queue(sql, args...) })
 	if err != nil {
 		return nil, err
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, errors.Join(err, br.Close())
+		return nil, closeAfter(br, err)
 	}
 	return &batchRows{Rows: rows, br: br}, nil
 }
@@ -88,15 +164,17 @@ func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	return &row{rows: rows, err: err}
 }
 
+// SendBatch sends b after whatever waits to be sent: in one round trip
+// when nothing does.
 func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if err := t.beginNow(ctx); err != nil {
+	if err := t.flush(ctx); err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
 	return t.tx.SendBatch(ctx, b)
 }
 
 func (t *phaseTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
-	if err := t.beginNow(ctx); err != nil {
+	if err := t.flush(ctx); err != nil {
 		return 0, err
 	}
 	return t.tx.CopyFrom(ctx, table, cols, src)
@@ -108,7 +186,7 @@ func (t *phaseTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Statem
 
 // Begin starts a pseudo nested transaction (a savepoint) inside the phase.
 func (t *phaseTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if err := t.beginNow(ctx); err != nil {
+	if err := t.flush(ctx); err != nil {
 		return nil, err
 	}
 	return t.tx.Begin(ctx)
@@ -119,7 +197,7 @@ func (t *phaseTx) Begin(ctx context.Context) (pgx.Tx, error) {
 // fails (the connection broke) the returned value is unusable and the
 // phase's commit reports the error.
 func (t *phaseTx) LargeObjects() pgx.LargeObjects {
-	if err := t.beginNow(context.Background()); err != nil {
+	if err := t.flush(context.Background()); err != nil {
 		t.err = err
 		return pgx.LargeObjects{}
 	}
@@ -138,7 +216,7 @@ func (t *phaseTx) Rollback(context.Context) error { return ErrPhaseTxControl }
 // carry an error, so if BEGIN fails (the connection broke) the phase's
 // commit reports the error.
 func (t *phaseTx) Conn() *pgx.Conn {
-	if err := t.beginNow(context.Background()); err != nil {
+	if err := t.flush(context.Background()); err != nil {
 		t.err = err
 	}
 	return t.conn

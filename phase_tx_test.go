@@ -20,7 +20,7 @@ func TestPhaseTxConnIsInsideTheTransaction(t *testing.T) {
 	fail.Store(true)
 	type st struct{}
 	wf := atomicphase.MustWorkflow("conn", startEmpty[st], []atomicphase.Phase[st]{
-		atomicphase.Local("write", func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+		atomicphase.Local("write", func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
 			if _, err := tx.Conn().Exec(ctx, `INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'write')`); err != nil {
 				return atomicphase.Outcome{}, err
 			}

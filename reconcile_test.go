@@ -91,7 +91,7 @@ type payout struct {
 // reference, reconciling by that reference.
 func payoutWorkflow(bk *bank) *atomicphase.Workflow[payout] {
 	return atomicphase.MustWorkflow("payout", startEmpty[payout], []atomicphase.Phase[payout]{
-		atomicphase.Local("prepare", func(context.Context, pgx.Tx, *payout) (atomicphase.Outcome, error) {
+		atomicphase.Local("prepare", func(context.Context, atomicphase.Tx, *payout) (atomicphase.Outcome, error) {
 			return atomicphase.Continue(), nil
 		}),
 		atomicphase.Foreign("pay", func(ctx context.Context, call *atomicphase.ForeignCall, p *payout) error {
@@ -100,7 +100,7 @@ func payoutWorkflow(bk *bank) *atomicphase.Workflow[payout] {
 				p.PayoutID = id
 				return err
 			})
-		}, func(ctx context.Context, tx pgx.Tx, p *payout) (atomicphase.Outcome, error) {
+		}, func(ctx context.Context, tx atomicphase.Tx, p *payout) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(201, []byte(p.PayoutID)), nil
 		}).WithReconcile(func(ctx context.Context, call *atomicphase.ForeignCall, p *payout) (bool, error) {
 			ids, err := bk.lookup(call.Key())

@@ -55,22 +55,27 @@ type checkpoint struct {
 const checkpointSQL = `SELECT /* TEMPLATE: schema */atomicphase_checkpoint(
 	$1::text, $2::text, $3::bigint, $4::text, $5::text, $6::bytea, $7::integer, $8::jsonb, $9::bytea)`
 
-// commit stores cp with everything the phase wrote through tx, atomically:
-// in one round trip when tx has begun (the checkpoint and COMMIT travel as one
-// batch; the checkpoint raises if the lock token moved on, and the server then
-// skips the COMMIT queued behind it, rolling back the phase's writes), and as
-// a single statement when the phase wrote nothing. A lost lock is reported
-// as ErrLockLost.
+// commit stores cp with everything the unit wrote through tx, atomically,
+// in one round trip: whatever waits to be sent (BEGIN, the key's recording,
+// queued writes), the checkpoint and COMMIT travel as one batch. The
+// checkpoint raises if the lock token moved on, and the server then skips
+// the COMMIT queued behind it, rolling back the unit's writes. When the
+// unit wrote nothing the checkpoint is a single statement. A lost lock is
+// reported as ErrLockLost.
 func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *checkpoint) error {
 	args, err := a.checkpointArgs(cp)
 	if err != nil {
 		return err
 	}
-	if tx.begun() {
-		b := &pgx.Batch{}
-		b.Queue(a.r.sql.checkpoint, args...)
-		b.Queue("COMMIT")
-		err = conn.SendBatch(ctx, b).Close()
+	if tx.begun() || tx.pending() {
+		var br pgx.BatchResults
+		br, err = tx.send(ctx, func(b *pgx.Batch) {
+			b.Queue(a.r.sql.checkpoint, args...)
+			b.Queue("COMMIT")
+		})
+		if err == nil {
+			err = br.Close()
+		}
 	} else {
 		_, err = conn.Exec(ctx, a.r.sql.checkpoint, args...)
 	}

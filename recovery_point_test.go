@@ -58,7 +58,7 @@ type jumpState struct {
 
 func jumpWorkflow(t *testing.T, failAt string, failures *int) *atomicphase.Workflow[jumpState] {
 	step := func(name string, out func(s *jumpState) atomicphase.Outcome) atomicphase.LocalFunc[jumpState] {
-		return func(ctx context.Context, tx pgx.Tx, s *jumpState) (atomicphase.Outcome, error) {
+		return func(ctx context.Context, tx atomicphase.Tx, s *jumpState) (atomicphase.Outcome, error) {
 			if name == failAt && *failures > 0 {
 				*failures--
 				return atomicphase.Outcome{}, errors.New("transient")
@@ -124,7 +124,7 @@ func TestStateBytesAreTheSameWhenResumed(t *testing.T) {
 	wf := atomicphase.MustWorkflow("verbatim", func(i in, _ *atomicphase.Request) (st, error) {
 		return st{Extra: i.Extra, Z: 1, A: 1e21}, nil
 	}, []atomicphase.Phase[st]{
-		atomicphase.Local("first", func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+		atomicphase.Local("first", func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
 			return atomicphase.Continue(), nil
 		}),
 		atomicphase.Foreign("send", func(ctx context.Context, call *atomicphase.ForeignCall, s *st) error {
@@ -134,7 +134,7 @@ func TestStateBytesAreTheSameWhenResumed(t *testing.T) {
 				return errors.New("downstream 503")
 			}
 			return nil
-		}, func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+		}, func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(200, nil), nil
 		}),
 	}, nil)
@@ -172,7 +172,7 @@ func TestFinishedKeyKeepsNoState(t *testing.T) {
 	require.Zero(t, b.count(t, `SELECT count(*) FROM idempotency_keys WHERE state IS NOT NULL`))
 
 	kept := atomicphase.MustWorkflow("kept", startShop, []atomicphase.Phase[shopState]{
-		atomicphase.Local("done", func(ctx context.Context, tx pgx.Tx, s *shopState) (atomicphase.Outcome, error) {
+		atomicphase.Local("done", func(ctx context.Context, tx atomicphase.Tx, s *shopState) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(200, nil), nil
 		}),
 	}, &atomicphase.WorkflowOpts{KeepFinishedState: true})

@@ -71,7 +71,7 @@ func TestScopeIsValidated(t *testing.T) {
 	b := setup(t, nil)
 	type st struct{}
 	wf := atomicphase.MustWorkflow("scoped", startEmpty[st], []atomicphase.Phase[st]{
-		atomicphase.Local("only", func(context.Context, pgx.Tx, *st) (atomicphase.Outcome, error) {
+		atomicphase.Local("only", func(context.Context, atomicphase.Tx, *st) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(200, nil), nil
 		}),
 	}, nil)

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -138,33 +139,30 @@ func endOnPanic(end func(error)) {
 }
 
 // acquireAndRun is the rest of Run, under the request's span: acquire the
-// key, then explain a refusal or run an attempt.
+// key, then explain a refusal or run an attempt. A workflow that begins
+// with a local phase first reads the key (one primary-key read, which is
+// all a replay costs); a new key is then recorded in its first phase's
+// transaction (see recordAndRun). Any other key, and every key of a
+// workflow that begins with a foreign phase, is acquired by one statement
+// that decides every case.
 func (r *Runner) acquireAndRun(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, state []byte) (*Response, error) {
 	if err := r.fault(ctx, wf.Name(), "", BeforeAcquire, nil); err != nil {
 		return nil, err
 	}
+	if first := &wf.phaseSteps()[0]; first.call == nil && !first.alone && (first.isolation == "" || first.isolation == pgx.ReadCommitted) {
+		resp, err, done := r.recordAndRun(ctx, wf, req, fp, state)
+		if done {
+			return resp, err
+		}
+	}
 	row, err := r.acquire(ctx, req, wf.Name(), fp, state, newLockToken())
 	if err != nil {
-		err = storeError("acquire key", err)
-		r.observe(ctx, Event{Kind: EventStoreError, Workflow: wf.Name(), Scope: req.Scope, Key: req.Key, Err: err})
-		return nil, err
+		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)
+	}
+	if !row.Acquired {
+		return r.refused(ctx, row, wf.Name(), req, fp)
 	}
 	e := Event{Workflow: wf.Name(), Scope: req.Scope, Key: req.Key}
-	if !row.Acquired {
-		resp, err := r.refused(row, wf.Name(), fp)
-		switch {
-		case resp != nil:
-			e.Kind = EventReplay
-		case errors.Is(err, ErrFingerprintMismatch):
-			e.Kind = EventKeyMisuse
-		case errors.Is(err, ErrTooManyKeys):
-			e.Kind = EventOverLimit
-		default:
-			e.Kind = EventInProgress
-		}
-		r.observe(ctx, e)
-		return resp, err
-	}
 	switch {
 	case row.Attempts <= 1:
 		e.Kind = EventCreated
@@ -177,20 +175,71 @@ func (r *Runner) acquireAndRun(ctx context.Context, wf AnyWorkflow, req *Request
 	return newAttempt(r, wf, req.Scope, req.Key, row).run(ctx, row)
 }
 
-// refused explains an acquisition that did not take the key: a key first
-// used with another request, a finished key (replayed), a new key over its
-// scope's limit, or a key another attempt holds.
-func (r *Runner) refused(row *keyRow, workflow string, fp Fingerprint) (*Response, error) {
-	if row.Workflow != workflow || !bytes.Equal(row.Fingerprint, fp[:]) {
-		return nil, ErrFingerprintMismatch
+// recordAndRun reads the key and, when it is new, runs the workflow with
+// the key's recording in the first phase's transaction: the key and the
+// first phases commit together. done is false when the key exists and may
+// be taken (a failed or abandoned attempt's), or was recorded meanwhile by
+// another attempt: the caller then acquires it as any other.
+func (r *Runner) recordAndRun(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, state []byte) (resp *Response, err error, done bool) {
+	pc, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return nil, r.storeFailed(ctx, wf, req, "read key", err), true
 	}
-	if row.ResponseStatus != nil {
-		return &Response{Status: *row.ResponseStatus, Header: row.ResponseHeader, Body: row.ResponseBody, Replayed: true}, nil
+	p, found, err := r.peek(ctx, pc.Conn(), req)
+	if err != nil {
+		pc.Release()
+		return nil, r.storeFailed(ctx, wf, req, "read key", err), true
 	}
-	if row.OverLimit {
-		return nil, &TooManyKeysError{Limit: r.cfg.MaxUnfinishedPerScope, RetryAfter: time.Second}
+	if found {
+		pc.Release()
+		if p.ResponseStatus != nil || !p.takeable || p.Workflow != wf.Name() || !bytes.Equal(p.Fingerprint, fp[:]) {
+			resp, err := r.refused(ctx, &p.keyRow, wf.Name(), req, fp)
+			return resp, err, true
+		}
+		return nil, nil, false
 	}
-	return nil, inProgress(row.LockExpiresIn)
+	token := newLockToken()
+	a := &attempt{r: r, wf: wf, scope: req.Scope, key: req.Key, token: token, attempts: 1, fresh: true,
+		resumedFrom: RecoveryPointStarted, conn: pc, rec: r.newRecording(req, wf.Name(), fp, state, token)}
+	a.rec.onRecorded = func() {
+		r.observe(ctx, Event{Kind: EventCreated, Workflow: wf.Name(), Scope: req.Scope, Key: req.Key})
+	}
+	defer a.parkOnPanic(ctx)
+	resp, err = a.loop(ctx, 0, state)
+	if errors.Is(err, errNotRecorded) {
+		return nil, nil, false
+	}
+	return resp, err, true
+}
+
+// storeFailed reports a failed statement on the key store, before any
+// phase ran.
+func (r *Runner) storeFailed(ctx context.Context, wf AnyWorkflow, req *Request, what string, err error) error {
+	err = storeError(what, err)
+	r.observe(ctx, Event{Kind: EventStoreError, Workflow: wf.Name(), Scope: req.Scope, Key: req.Key, Err: err})
+	return err
+}
+
+// refused explains, and reports, an acquisition that did not take the
+// key: a key first used with another request, a finished key (replayed), a
+// new key over its scope's limit, or a key another attempt holds.
+func (r *Runner) refused(ctx context.Context, row *keyRow, workflow string, req *Request, fp Fingerprint) (*Response, error) {
+	e := Event{Workflow: workflow, Scope: req.Scope, Key: req.Key}
+	var resp *Response
+	var err error
+	switch {
+	case row.Workflow != workflow || !bytes.Equal(row.Fingerprint, fp[:]):
+		e.Kind, err = EventKeyMisuse, ErrFingerprintMismatch
+	case row.ResponseStatus != nil:
+		e.Kind = EventReplay
+		resp = &Response{Status: *row.ResponseStatus, Header: row.ResponseHeader, Body: row.ResponseBody, Replayed: true}
+	case row.OverLimit:
+		e.Kind, err = EventOverLimit, &TooManyKeysError{Limit: r.cfg.MaxUnfinishedPerScope, RetryAfter: time.Second}
+	default:
+		e.Kind, err = EventInProgress, inProgress(row.LockExpiresIn)
+	}
+	r.observe(ctx, e)
+	return resp, err
 }
 
 // maxUnfinished is atomicphase_acquire's p_max_unfinished: nil for no limit.

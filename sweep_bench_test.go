@@ -22,7 +22,7 @@ func BenchmarkSweepRunOnce(b *testing.B) {
 	runner, err := atomicphase.NewRunner(db.Pool, nil)
 	require.NoError(b, err)
 	wf := atomicphase.MustWorkflow("bench_sweep", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
-		atomicphase.Local("done", func(context.Context, pgx.Tx, *struct{}) (atomicphase.Outcome, error) {
+		atomicphase.Local("done", func(context.Context, atomicphase.Tx, *struct{}) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(200, []byte("ok")), nil
 		}),
 	}, nil)

@@ -42,7 +42,7 @@ func TestSweepTakesOnlyKeysStillDue(t *testing.T) {
 	var k2runs atomic.Int32
 	var sweeping atomic.Bool
 	wf := atomicphase.MustWorkflow("rev", revStart, []atomicphase.Phase[revSt]{
-		atomicphase.Local("p", func(ctx context.Context, tx pgx.Tx, s *revSt) (atomicphase.Outcome, error) {
+		atomicphase.Local("p", func(ctx context.Context, tx atomicphase.Tx, s *revSt) (atomicphase.Outcome, error) {
 			if failAll.Load() {
 				return atomicphase.Outcome{}, errors.New("transient")
 			}
@@ -95,7 +95,7 @@ func TestSweepSurvivesAPanickingPhase(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &atomicphase.Config{FaultInjector: crashOnce("boom", atomicphase.BeforePhase)})
 	wf := atomicphase.MustWorkflow("pan", revStart, []atomicphase.Phase[revSt]{
-		atomicphase.Local("boom", func(ctx context.Context, tx pgx.Tx, _ *revSt) (atomicphase.Outcome, error) {
+		atomicphase.Local("boom", func(ctx context.Context, tx atomicphase.Tx, _ *revSt) (atomicphase.Outcome, error) {
 			var m map[string]int
 			m["x"] = 1
 			return atomicphase.Respond(200, nil), nil
@@ -123,7 +123,7 @@ func TestSweepParksAKeyWhoseAttemptsNeverFinish(t *testing.T) {
 	})
 	b := setup(t, &atomicphase.Config{MaxAttempts: 3, FaultInjector: crash})
 	wf := atomicphase.MustWorkflow("crashy", revStart, []atomicphase.Phase[revSt]{
-		atomicphase.Local("p", func(context.Context, pgx.Tx, *revSt) (atomicphase.Outcome, error) {
+		atomicphase.Local("p", func(context.Context, atomicphase.Tx, *revSt) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(200, nil), nil
 		}),
 	}, nil)
@@ -161,7 +161,7 @@ func TestFailureAfterALostLockParksNothing(t *testing.T) {
 				return atomicphase.Permanent(errors.New("declined"))
 			}
 			return nil
-		}, func(context.Context, pgx.Tx, *revSt) (atomicphase.Outcome, error) {
+		}, func(context.Context, atomicphase.Tx, *revSt) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(201, []byte("ok")), nil
 		}),
 	}, nil)
@@ -202,7 +202,7 @@ func TestUnparkGivesAFreshBudget(t *testing.T) {
 	b := setup(t, &atomicphase.Config{MaxAttempts: 3, AttemptBackoff: time.Millisecond})
 	var calls atomic.Int32
 	wf := atomicphase.MustWorkflow("flaky", revStart, []atomicphase.Phase[revSt]{
-		atomicphase.Local("p", func(context.Context, pgx.Tx, *revSt) (atomicphase.Outcome, error) {
+		atomicphase.Local("p", func(context.Context, atomicphase.Tx, *revSt) (atomicphase.Outcome, error) {
 			calls.Add(1)
 			return atomicphase.Outcome{}, errors.New("dependency down")
 		}),
@@ -236,7 +236,7 @@ func TestTakingAKeyClearsItsBackoff(t *testing.T) {
 	b := setup(t, &atomicphase.Config{AttemptBackoff: time.Hour, FaultInjector: fi})
 	fail.Store(true)
 	wf := atomicphase.MustWorkflow("w", revStart, []atomicphase.Phase[revSt]{
-		atomicphase.Local("p", func(context.Context, pgx.Tx, *revSt) (atomicphase.Outcome, error) {
+		atomicphase.Local("p", func(context.Context, atomicphase.Tx, *revSt) (atomicphase.Outcome, error) {
 			if fail.Load() {
 				return atomicphase.Outcome{}, errors.New("blip")
 			}
@@ -262,7 +262,7 @@ func TestPanickingPhaseIsObservedAsFailed(t *testing.T) {
 	rec := &recorder{}
 	b := setup(t, &atomicphase.Config{Observer: rec})
 	wf := atomicphase.MustWorkflow("pan", revStart, []atomicphase.Phase[revSt]{
-		atomicphase.Local("boom", func(ctx context.Context, tx pgx.Tx, _ *revSt) (atomicphase.Outcome, error) {
+		atomicphase.Local("boom", func(ctx context.Context, tx atomicphase.Tx, _ *revSt) (atomicphase.Outcome, error) {
 			panic("bug")
 		}),
 	}, nil)
@@ -290,7 +290,7 @@ func TestHangingKeyDoesNotStallTheSweep(t *testing.T) {
 				others.Add(1)
 			}
 			return errors.New("down")
-		}, func(context.Context, pgx.Tx, *revSt) (atomicphase.Outcome, error) {
+		}, func(context.Context, atomicphase.Tx, *revSt) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(200, nil), nil
 		}),
 	}, nil)
@@ -320,7 +320,7 @@ func TestSweepResumesKeysOfAnyLength(t *testing.T) {
 	var fail atomic.Bool
 	fail.Store(true)
 	wf := atomicphase.MustWorkflow("w", revStart, []atomicphase.Phase[revSt]{
-		atomicphase.Local("p", func(context.Context, pgx.Tx, *revSt) (atomicphase.Outcome, error) {
+		atomicphase.Local("p", func(context.Context, atomicphase.Tx, *revSt) (atomicphase.Outcome, error) {
 			if fail.Load() {
 				return atomicphase.Outcome{}, errors.New("down")
 			}
@@ -357,7 +357,7 @@ func TestParkedKeysDoNotHoldTheScopeCap(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &atomicphase.Config{MaxUnfinishedPerScope: 2})
 	wf := atomicphase.MustWorkflow("w", revStart, []atomicphase.Phase[revSt]{
-		atomicphase.Local("p", func(context.Context, pgx.Tx, *revSt) (atomicphase.Outcome, error) {
+		atomicphase.Local("p", func(context.Context, atomicphase.Tx, *revSt) (atomicphase.Outcome, error) {
 			return atomicphase.Outcome{}, atomicphase.Permanent(errors.New("bad account"))
 		}),
 	}, nil)
@@ -376,8 +376,10 @@ func TestParkedKeysDoNotHoldTheScopeCap(t *testing.T) {
 func TestOldVersionSweepLeavesNewVersionKeysAlone(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &atomicphase.Config{FaultInjector: crashOnce("c", atomicphase.BeforePhase)})
-	ok := func(context.Context, pgx.Tx, *revSt) (atomicphase.Outcome, error) { return atomicphase.Continue(), nil }
-	done := func(context.Context, pgx.Tx, *revSt) (atomicphase.Outcome, error) {
+	ok := func(context.Context, atomicphase.Tx, *revSt) (atomicphase.Outcome, error) {
+		return atomicphase.Continue(), nil
+	}
+	done := func(context.Context, atomicphase.Tx, *revSt) (atomicphase.Outcome, error) {
 		return atomicphase.Respond(200, nil), nil
 	}
 	v2 := atomicphase.MustWorkflow("w", revStart, []atomicphase.Phase[revSt]{
@@ -414,7 +416,7 @@ func TestClientNotToldParkedWhenTheSweepFinished(t *testing.T) {
 				return atomicphase.Permanent(errors.New("declined"))
 			}
 			return nil
-		}, func(context.Context, pgx.Tx, *revSt) (atomicphase.Outcome, error) {
+		}, func(context.Context, atomicphase.Tx, *revSt) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(201, []byte("ok")), nil
 		}),
 	}, nil)

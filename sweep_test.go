@@ -132,7 +132,7 @@ func TestSweepBacksOffAndParksAKeyThatKeepsFailing(t *testing.T) {
 	b := setup(t, &atomicphase.Config{MaxAttempts: 4, AttemptBackoff: 40 * time.Millisecond})
 	var calls atomic.Int32
 	wf := atomicphase.MustWorkflow("flaky", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
-		atomicphase.Local("fail", func(context.Context, pgx.Tx, *struct{}) (atomicphase.Outcome, error) {
+		atomicphase.Local("fail", func(context.Context, atomicphase.Tx, *struct{}) (atomicphase.Outcome, error) {
 			calls.Add(1)
 			return atomicphase.Outcome{}, errors.New("the downstream is down")
 		}),
@@ -216,7 +216,7 @@ func TestSweepReapsOnlyOldFinishedKeys(t *testing.T) {
 	_, err = b.runner.Run(b.ctx, wf, orderRequest("u", "recent"))
 	require.NoError(t, err)
 	failing := atomicphase.MustWorkflow("stuck", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
-		atomicphase.Local("fail", func(context.Context, pgx.Tx, *struct{}) (atomicphase.Outcome, error) {
+		atomicphase.Local("fail", func(context.Context, atomicphase.Tx, *struct{}) (atomicphase.Outcome, error) {
 			return atomicphase.Outcome{}, atomicphase.Permanent(errors.New("no"))
 		}),
 	}, nil)

@@ -34,6 +34,14 @@ type WorkflowOpts struct {
 	// default the state (which may hold card tokens or personal data) is
 	// cleared in the same commit that stores the response. Defaults to false.
 	KeepFinishedState bool
+
+	// CommitEachPhase gives every phase a transaction and a commit of its
+	// own, and records a new key in a transaction of its own, instead of
+	// fusing consecutive local phases into one transaction (see Workflow).
+	// It costs a commit per phase; it suits a workflow whose local phases
+	// are long, where a retry should not redo the ones that finished.
+	// Defaults to false.
+	CommitEachPhase bool
 }
 
 // Workflow is a named, validated, ordered list of phases over a state of type
@@ -62,8 +70,10 @@ type step struct {
 	// idempotency keys (WithReconcile).
 	reconcile func(ctx context.Context, fc *ForeignCall, state []byte) (bool, []byte, error)
 	// local is nil for a foreign phase that records nothing of its own.
-	local func(ctx context.Context, tx pgx.Tx, state []byte) ([]byte, Outcome, error)
+	local func(ctx context.Context, tx Tx, state []byte) ([]byte, Outcome, error)
 	jumps []string
+	// alone: the phase commits on its own (WorkflowOpts.CommitEachPhase).
+	alone bool
 }
 
 // NewWorkflow validates phases and builds a Workflow whose requests carry an
@@ -124,7 +134,9 @@ func NewWorkflow[In, S any](name string, start StartFunc[In, S], phases []Phase[
 		if iso == "" {
 			iso = opts.Isolation
 		}
-		wf.steps = append(wf.steps, makeStep(p, iso))
+		st := makeStep(p, iso)
+		st.alone = opts.CommitEachPhase
+		wf.steps = append(wf.steps, st)
 	}
 	for i, p := range phases {
 		for _, target := range p.jumps {
@@ -236,7 +248,7 @@ func makeStep[S any](p Phase[S], iso pgx.TxIsoLevel) step {
 	}
 	if p.local != nil {
 		local := p.local
-		st.local = func(ctx context.Context, tx pgx.Tx, raw []byte) ([]byte, Outcome, error) {
+		st.local = func(ctx context.Context, tx Tx, raw []byte) ([]byte, Outcome, error) {
 			var s S
 			if err := json.Unmarshal(raw, &s); err != nil {
 				return nil, Outcome{}, Permanent(fmt.Errorf("decode state: %w", err))

@@ -55,7 +55,7 @@ func TestJumpToUndeclaredTargetFailsThePhase(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	wf, err := atomicphase.NewWorkflow("bad-jump", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
-		atomicphase.Local("a", func(context.Context, pgx.Tx, *struct{}) (atomicphase.Outcome, error) {
+		atomicphase.Local("a", func(context.Context, atomicphase.Tx, *struct{}) (atomicphase.Outcome, error) {
 			return atomicphase.JumpTo("c"), nil
 		}),
 		atomicphase.Local("b", noop),
@@ -76,7 +76,7 @@ func TestRenamedPhaseResumesKeysAtItsFormerName(t *testing.T) {
 	type st struct{ Steps []string }
 	var failSecond atomic.Bool
 	failSecond.Store(true)
-	second := atomicphase.Local("second", func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+	second := atomicphase.Local("second", func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
 		if failSecond.Load() {
 			return atomicphase.Outcome{}, errors.New("transient")
 		}
@@ -84,7 +84,7 @@ func TestRenamedPhaseResumesKeysAtItsFormerName(t *testing.T) {
 		return atomicphase.Respond(200, []byte(strings.Join(s.Steps, ","))), nil
 	})
 	v1 := atomicphase.MustWorkflow("renamed", startEmpty[st], []atomicphase.Phase[st]{
-		atomicphase.Local("first", func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+		atomicphase.Local("first", func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
 			s.Steps = append(s.Steps, "first")
 			return atomicphase.Continue(), nil
 		}),
@@ -96,7 +96,7 @@ func TestRenamedPhaseResumesKeysAtItsFormerName(t *testing.T) {
 	failSecond.Store(false)
 
 	renamedWithout := atomicphase.MustWorkflow("renamed", startEmpty[st], []atomicphase.Phase[st]{
-		atomicphase.Local("prepare", func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+		atomicphase.Local("prepare", func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
 			return atomicphase.Continue(), nil
 		}),
 		second,
@@ -110,7 +110,7 @@ func TestRenamedPhaseResumesKeysAtItsFormerName(t *testing.T) {
 	require.Contains(t, why, `"first"`)
 
 	renamed := atomicphase.MustWorkflow("renamed", startEmpty[st], []atomicphase.Phase[st]{
-		atomicphase.Local("prepare", func(ctx context.Context, tx pgx.Tx, s *st) (atomicphase.Outcome, error) {
+		atomicphase.Local("prepare", func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
 			return atomicphase.Continue(), nil
 		}).WithFormerNames("first"),
 		second,

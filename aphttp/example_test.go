@@ -11,8 +11,6 @@ import (
 	"net/http/httptest"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/aphttp"
 	"github.com/atomicphase/atomicphase/atomicphasetest"
@@ -47,7 +45,7 @@ func ExampleMiddleware() {
 		return note{Text: in.Text}, nil
 	}
 	createNote := atomicphase.MustWorkflow("create_note", start, []atomicphase.Phase[note]{
-		atomicphase.Local("insert", func(ctx context.Context, tx pgx.Tx, n *note) (atomicphase.Outcome, error) {
+		atomicphase.Local("insert", func(ctx context.Context, tx atomicphase.Tx, n *note) (atomicphase.Outcome, error) {
 			if err := tx.QueryRow(ctx, `INSERT INTO notes (text) VALUES ($1) RETURNING id`, n.Text).Scan(&n.ID); err != nil {
 				return atomicphase.Outcome{}, err
 			}

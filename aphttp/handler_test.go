@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -63,7 +62,7 @@ func setupRunnerOn(t *testing.T, pool *pgxpool.Pool, cfg *atomicphase.Config, op
 		}
 		return in, nil
 	}, []atomicphase.Phase[note]{
-		atomicphase.Local("save", func(ctx context.Context, tx pgx.Tx, n *note) (atomicphase.Outcome, error) {
+		atomicphase.Local("save", func(ctx context.Context, tx atomicphase.Tx, n *note) (atomicphase.Outcome, error) {
 			b.runs.Add(1)
 			if b.entered != nil {
 				close(b.entered)
@@ -330,7 +329,9 @@ func TestStoreUnavailableIs503(t *testing.T) {
 func TestMiddlewareRequiresScope(t *testing.T) {
 	t.Parallel()
 	require.Panics(t, func() {
-		aphttp.Middleware(&atomicphase.Runner{}, atomicphase.MustWorkflow("w", func(n note, _ *atomicphase.Request) (note, error) { return n, nil }, []atomicphase.Phase[note]{atomicphase.Local("p", func(context.Context, pgx.Tx, *note) (atomicphase.Outcome, error) { return atomicphase.Continue(), nil })}, nil), nil)
+		aphttp.Middleware(&atomicphase.Runner{}, atomicphase.MustWorkflow("w", func(n note, _ *atomicphase.Request) (note, error) { return n, nil }, []atomicphase.Phase[note]{atomicphase.Local("p", func(context.Context, atomicphase.Tx, *note) (atomicphase.Outcome, error) {
+			return atomicphase.Continue(), nil
+		})}, nil), nil)
 	})
 }
 

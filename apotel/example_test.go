@@ -6,7 +6,6 @@ import (
 	"log"
 	"sort"
 
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -52,7 +51,7 @@ func Example() {
 	greet := atomicphase.MustWorkflow("greet",
 		func(struct{}, *atomicphase.Request) (struct{}, error) { return struct{}{}, nil },
 		[]atomicphase.Phase[struct{}]{
-			atomicphase.Local("reply", func(context.Context, pgx.Tx, *struct{}) (atomicphase.Outcome, error) {
+			atomicphase.Local("reply", func(context.Context, atomicphase.Tx, *struct{}) (atomicphase.Outcome, error) {
 				return atomicphase.Respond(200, []byte("hello")), nil
 			}),
 		}, nil)

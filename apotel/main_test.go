@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -116,7 +115,7 @@ func (b *testBundle) orderWorkflow(t *testing.T) *atomicphase.Workflow[orderStat
 		return orderState{Item: in.Item, Key: req.Key}, nil
 	}
 	wf, err := atomicphase.NewWorkflow("order", start, []atomicphase.Phase[orderState]{
-		atomicphase.Local("create", func(context.Context, pgx.Tx, *orderState) (atomicphase.Outcome, error) {
+		atomicphase.Local("create", func(context.Context, atomicphase.Tx, *orderState) (atomicphase.Outcome, error) {
 			return atomicphase.Continue(), nil
 		}),
 		atomicphase.Foreign("charge", func(ctx context.Context, call *atomicphase.ForeignCall, s *orderState) error {
@@ -130,7 +129,7 @@ func (b *testBundle) orderWorkflow(t *testing.T) *atomicphase.Workflow[orderStat
 				return nil
 			})
 		}, nil),
-		atomicphase.Local("finish", func(context.Context, pgx.Tx, *orderState) (atomicphase.Outcome, error) {
+		atomicphase.Local("finish", func(context.Context, atomicphase.Tx, *orderState) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(201, []byte(`{"status":"ordered"}`)), nil
 		}),
 	}, nil)

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
@@ -107,7 +106,7 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 	other, err := atomicphase.NewRunner(b.db.Pool, &atomicphase.Config{Observer: b.obs})
 	require.NoError(t, err)
 	legacy := atomicphase.MustWorkflow("legacy", func(struct{}, *atomicphase.Request) (struct{}, error) { return struct{}{}, nil },
-		[]atomicphase.Phase[struct{}]{atomicphase.Local("migrate", func(context.Context, pgx.Tx, *struct{}) (atomicphase.Outcome, error) {
+		[]atomicphase.Phase[struct{}]{atomicphase.Local("migrate", func(context.Context, atomicphase.Tx, *struct{}) (atomicphase.Outcome, error) {
 			return atomicphase.Outcome{}, errors.New("not yet")
 		})}, nil)
 	b.step("legacy", func(ctx context.Context) {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
@@ -42,7 +41,7 @@ func ExampleOpen() {
 		return greeting{Name: in.Name}, nil
 	}
 	greet := atomicphase.MustWorkflow("greet", start, []atomicphase.Phase[greeting]{
-		atomicphase.Local("insert", func(ctx context.Context, tx pgx.Tx, g *greeting) (atomicphase.Outcome, error) {
+		atomicphase.Local("insert", func(ctx context.Context, tx atomicphase.Tx, g *greeting) (atomicphase.Outcome, error) {
 			if err := tx.QueryRow(ctx, `INSERT INTO greetings (name) VALUES ($1) RETURNING id`, g.Name).Scan(&g.ID); err != nil {
 				return atomicphase.Outcome{}, err
 			}

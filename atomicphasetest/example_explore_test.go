@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
@@ -43,7 +42,7 @@ func newCheckout(paymentsURL string) *atomicphase.Workflow[payment] {
 			p.ChargeID = ch.ID
 			return err
 		}, nil),
-		atomicphase.Local("record", func(ctx context.Context, tx pgx.Tx, p *payment) (atomicphase.Outcome, error) {
+		atomicphase.Local("record", func(ctx context.Context, tx atomicphase.Tx, p *payment) (atomicphase.Outcome, error) {
 			if _, err := tx.Exec(ctx, `INSERT INTO payments (charge_id) VALUES ($1)`, p.ChargeID); err != nil {
 				return atomicphase.Outcome{}, err
 			}

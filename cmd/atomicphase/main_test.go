@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/atomicphase/atomicphase"
@@ -54,12 +53,14 @@ func setup(t *testing.T) *testBundle {
 	type state struct{ Item string }
 	start := func(_ struct{}, req *atomicphase.Request) (state, error) { return state{Item: req.Key}, nil }
 	respond := func(status int, body []byte) atomicphase.LocalFunc[state] {
-		return func(context.Context, pgx.Tx, *state) (atomicphase.Outcome, error) {
+		return func(context.Context, atomicphase.Tx, *state) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(status, body).WithHeader("Content-Type", "application/json"), nil
 		}
 	}
 	fail := func(err error) atomicphase.LocalFunc[state] {
-		return func(context.Context, pgx.Tx, *state) (atomicphase.Outcome, error) { return atomicphase.Outcome{}, err }
+		return func(context.Context, atomicphase.Tx, *state) (atomicphase.Outcome, error) {
+			return atomicphase.Outcome{}, err
+		}
 	}
 	release, entered := make(chan struct{}), make(chan struct{}, 2)
 	block := func(ctx context.Context, call *atomicphase.ForeignCall, _ *state) error {

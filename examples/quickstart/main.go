@@ -170,7 +170,7 @@ func newOrderWorkflow(paymentsURL string) *atomicphase.Workflow[order] {
 		return order{Item: in.Item, Amount: in.Amount}, nil
 	}
 	return atomicphase.MustWorkflow("create_order", start, []atomicphase.Phase[order]{
-		atomicphase.Local("create_order", func(ctx context.Context, tx pgx.Tx, o *order) (atomicphase.Outcome, error) {
+		atomicphase.Local("create_order", func(ctx context.Context, tx atomicphase.Tx, o *order) (atomicphase.Outcome, error) {
 			err := tx.QueryRow(ctx, `INSERT INTO quickstart_orders (item, amount) VALUES ($1, $2) RETURNING id`,
 				o.Item, o.Amount).Scan(&o.OrderID)
 			return atomicphase.Continue(), err
@@ -194,11 +194,11 @@ func newOrderWorkflow(paymentsURL string) *atomicphase.Workflow[order] {
 			}
 			o.ChargeID = ch.ID
 			return nil
-		}, func(ctx context.Context, tx pgx.Tx, o *order) (atomicphase.Outcome, error) {
+		}, func(ctx context.Context, tx atomicphase.Tx, o *order) (atomicphase.Outcome, error) {
 			_, err := tx.Exec(ctx, `UPDATE quickstart_orders SET charge_id = $1 WHERE id = $2`, o.ChargeID, o.OrderID)
 			return atomicphase.Continue(), err
 		}),
-		atomicphase.Local("confirm", func(ctx context.Context, tx pgx.Tx, o *order) (atomicphase.Outcome, error) {
+		atomicphase.Local("confirm", func(ctx context.Context, tx atomicphase.Tx, o *order) (atomicphase.Outcome, error) {
 			body, err := json.Marshal(map[string]any{"order_id": o.OrderID, "charge_id": o.ChargeID})
 			return atomicphase.Respond(201, body), err
 		}),

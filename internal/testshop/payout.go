@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
@@ -130,12 +129,12 @@ func PayoutWorkflow(bank *Bank, reconcile bool) *atomicphase.Workflow[Order] {
 		})
 	}
 	return atomicphase.MustWorkflow("payout", start, []atomicphase.Phase[Order]{
-		atomicphase.Local("create_order", func(ctx context.Context, tx pgx.Tx, o *Order) (atomicphase.Outcome, error) {
+		atomicphase.Local("create_order", func(ctx context.Context, tx atomicphase.Tx, o *Order) (atomicphase.Outcome, error) {
 			err := tx.QueryRow(ctx, `INSERT INTO orders (item) VALUES ($1) RETURNING id`, o.Item).Scan(&o.OrderID)
 			return atomicphase.Continue(), err
 		}),
 		pay,
-		atomicphase.Local("confirm", func(ctx context.Context, tx pgx.Tx, o *Order) (atomicphase.Outcome, error) {
+		atomicphase.Local("confirm", func(ctx context.Context, tx atomicphase.Tx, o *Order) (atomicphase.Outcome, error) {
 			if _, err := tx.Exec(ctx, `UPDATE orders SET charge_id = $1 WHERE id = $2`, o.ChargeID, o.OrderID); err != nil {
 				return atomicphase.Outcome{}, err
 			}

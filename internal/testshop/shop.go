@@ -92,7 +92,7 @@ func Workflow(url string, pool *pgxpool.Pool, f Flaw) *atomicphase.Workflow[Orde
 		return Order{Item: in.Item}, nil
 	}
 	return atomicphase.MustWorkflow("shop", start, []atomicphase.Phase[Order]{
-		atomicphase.Local("create_order", func(ctx context.Context, tx pgx.Tx, o *Order) (atomicphase.Outcome, error) {
+		atomicphase.Local("create_order", func(ctx context.Context, tx atomicphase.Tx, o *Order) (atomicphase.Outcome, error) {
 			var db interface {
 				QueryRow(context.Context, string, ...any) pgx.Row
 			} = tx
@@ -125,7 +125,7 @@ func Workflow(url string, pool *pgxpool.Pool, f Flaw) *atomicphase.Workflow[Orde
 			o.ChargeID = id
 			return err
 		}, nil),
-		atomicphase.Local("confirm", func(ctx context.Context, tx pgx.Tx, o *Order) (atomicphase.Outcome, error) {
+		atomicphase.Local("confirm", func(ctx context.Context, tx atomicphase.Tx, o *Order) (atomicphase.Outcome, error) {
 			if _, err := tx.Exec(ctx, `UPDATE orders SET charge_id = $1 WHERE id = $2`, o.ChargeID, o.OrderID); err != nil {
 				return atomicphase.Outcome{}, err
 			}

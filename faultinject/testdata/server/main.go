@@ -31,7 +31,7 @@ func main() {
 		log.Fatal(err)
 	}
 	hello := atomicphase.MustWorkflow("hello", []atomicphase.Phase[struct{}]{
-		atomicphase.Local("respond", func(context.Context, pgx.Tx, *struct{}) (atomicphase.Outcome, error) {
+		atomicphase.Local("respond", func(context.Context, atomicphase.Tx, *struct{}) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(http.StatusCreated, []byte(`{"hello":"world"}`)), nil
 		}),
 	}, nil)

@@ -11,8 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/atomicphase/atomicphase"
 )
 
@@ -124,7 +122,7 @@ func reconcilePayout(base string, client *http.Client) atomicphase.ReconcileFunc
 	}
 }
 
-func recordPayout(ctx context.Context, tx pgx.Tx, r *Ride) (atomicphase.Outcome, error) {
+func recordPayout(ctx context.Context, tx atomicphase.Tx, r *Ride) (atomicphase.Outcome, error) {
 	_, err := tx.Exec(ctx, `UPDATE rides SET bank_payout_id = $1 WHERE id = $2`, r.PayoutID, r.RideID)
 	return atomicphase.Continue(), err
 }

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stripe/stripe-go/v85"
 
 	"github.com/atomicphase/atomicphase"
@@ -84,7 +83,7 @@ func startRide(in RideInput, req *atomicphase.Request) (Ride, error) {
 	return r, nil
 }
 
-func createRide(ctx context.Context, tx pgx.Tx, r *Ride) (atomicphase.Outcome, error) {
+func createRide(ctx context.Context, tx atomicphase.Tx, r *Ride) (atomicphase.Outcome, error) {
 	if err := tx.QueryRow(ctx, `SELECT id, stripe_customer_id FROM users WHERE email = $1`, r.Email).
 		Scan(&r.UserID, &r.CustomerID); err != nil {
 		return atomicphase.Outcome{}, fmt.Errorf("look up user: %w", err)
@@ -138,7 +137,7 @@ func chargeFunc(base string) atomicphase.CallFunc[Ride] {
 	}
 }
 
-func recordCharge(ctx context.Context, tx pgx.Tx, r *Ride) (atomicphase.Outcome, error) {
+func recordCharge(ctx context.Context, tx atomicphase.Tx, r *Ride) (atomicphase.Outcome, error) {
 	if r.Declined != "" {
 		body, err := json.Marshal(map[string]any{"error": map[string]any{
 			"type": "card_declined", "message": r.Declined, "ride_id": r.RideID}})
@@ -153,7 +152,7 @@ func recordCharge(ctx context.Context, tx pgx.Tx, r *Ride) (atomicphase.Outcome,
 // delivered) or rolls back with it (and a retry inserts it again); never
 // one without the other.
 func sendReceiptFunc(receipts *Receipts) atomicphase.LocalFunc[Ride] {
-	return func(ctx context.Context, tx pgx.Tx, r *Ride) (atomicphase.Outcome, error) {
+	return func(ctx context.Context, tx atomicphase.Tx, r *Ride) (atomicphase.Outcome, error) {
 		if err := receipts.Enqueue(ctx, tx, r); err != nil {
 			return atomicphase.Outcome{}, err
 		}

@@ -1,0 +1,326 @@
+package atomicphase
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+)
+
+// Phase fusion. A workflow's phases run in units: one unit is one database
+// transaction and one commit. A unit begins with a local phase, or with a
+// foreign phase's record step (its call made, outside any transaction, just
+// before), and the local phases that follow join it, up to the next foreign
+// phase or the phase that responds; the new key's recording joins the
+// workflow's first unit when the workflow begins with a local phase. So a
+// request commits once per foreign phase, plus once, and a foreign call
+// always goes out with everything before it committed. A unit's commit
+// stores the recovery point of its last phase: a crash inside a unit rolls
+// the whole unit back, and the retry runs it again from its first phase
+// (for a foreign phase's record step: from the call, repeated with the
+// same downstream key or reconciled, never blindly repeated). A phase
+// joins only at the unit's isolation level, and not at all when
+// WorkflowOpts.CommitEachPhase is set.
+
+// phaseRun is one run of one phase: its span and when it began.
+type phaseRun struct {
+	ctx   context.Context // the phase's span's context
+	name  string
+	start time.Time
+	end   func(error)
+}
+
+// startPhase opens the span of a phase run.
+func (a *attempt) startPhase(ctx context.Context, st *step) phaseRun {
+	if a.r.cfg.Observer == nil {
+		return phaseRun{ctx: ctx, name: st.name, end: noEnd}
+	}
+	ctx, end := a.r.span(ctx, Span{Kind: SpanPhase, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name})
+	return phaseRun{ctx: ctx, name: st.name, start: time.Now(), end: end}
+}
+
+// committed reports the phase committed and ends its span.
+func (a *attempt) committed(pr phaseRun) {
+	if a.r.cfg.Observer == nil {
+		return
+	}
+	a.r.observe(pr.ctx, Event{Kind: EventPhaseCommitted, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: pr.name, Duration: time.Since(pr.start)})
+	pr.end(nil)
+}
+
+// failed reports the phase failed and ends its span.
+func (a *attempt) failed(pr phaseRun, err error) {
+	if a.r.cfg.Observer == nil {
+		return
+	}
+	a.r.observe(pr.ctx, Event{Kind: EventPhaseFailed, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: pr.name, Duration: time.Since(pr.start), Err: err})
+	pr.end(err)
+}
+
+// unitError is a unit's failure, charged to the phase it happened in.
+type unitError struct {
+	phase string
+	err   error
+}
+
+// loop runs the workflow from phase idx with state, unit by unit, until a
+// phase responds or fails.
+func (a *attempt) loop(ctx context.Context, idx int, state []byte) (*Response, error) {
+	steps := a.wf.phaseSteps()
+	for {
+		if idx >= len(steps) {
+			return nil, a.fail(ctx, steps[len(steps)-1].name, Permanent(ErrNoResponse))
+		}
+		st := &steps[idx]
+		pr := a.startPhase(ctx, st)
+		if st.call != nil {
+			out, err := a.callPhase(pr.ctx, st, state)
+			if err != nil {
+				a.failed(pr, err)
+				return nil, a.fail(ctx, st.name, err)
+			}
+			state = out
+		}
+		res, uerr := a.runUnit(ctx, idx, state, pr)
+		if uerr != nil {
+			return nil, a.failUnit(ctx, idx, state, uerr)
+		}
+		if res.resp != nil {
+			return res.resp, nil
+		}
+		idx, state = res.nextIdx, res.state
+		a.fresh = true // this attempt committed the phase before the next one
+	}
+}
+
+// failUnit fails the attempt after a unit failed. When the unit also held
+// the key's recording, or a foreign phase's record step followed by other
+// phases, that part is committed on its own first (a failure must not cost
+// what went before it: the key's row, which keeps the failure, and a
+// call's result, which must not be asked for again).
+func (a *attempt) failUnit(ctx context.Context, first int, state []byte, ue *unitError) error {
+	if errors.Is(ue.err, errNotRecorded) || errors.Is(ue.err, ErrCrashed) {
+		return ue.err
+	}
+	if !a.recordAlone(ctx) {
+		return ue.err
+	}
+	steps := a.wf.phaseSteps()
+	if st := &steps[first]; st.call != nil && ue.phase != st.name && !errors.Is(ue.err, ErrLockLost) {
+		pr := a.startPhase(ctx, st)
+		if _, err := a.unit(ctx, first, state, pr, false); err != nil {
+			a.log(ctx, slog.LevelWarn, "atomicphase: recording a call's result on its own failed", "phase", st.name, "error", err.err)
+		}
+	}
+	return a.fail(ctx, ue.phase, ue.err)
+}
+
+// recordAlone records the key on its own when the transaction that was to
+// record it did not commit, so that a failure is kept on the key's row (and
+// an attempt whose commit answer was lost finds its row). It reports
+// whether the key is this attempt's to release: recorded by it now or
+// before, under its lock token.
+func (a *attempt) recordAlone(ctx context.Context) bool {
+	rec := a.rec
+	if rec == nil {
+		return true
+	}
+	a.rec = nil
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	row, err := a.r.acquire(ctx, rec.req, a.wf.Name(), rec.fp, rec.state, a.token)
+	switch {
+	case err != nil:
+		a.log(ctx, slog.LevelWarn, "atomicphase: recording a failed attempt's key failed", "error", err)
+		return false
+	case row.Acquired && row.Attempts == 1, row.LockToken == a.token:
+		if !rec.recorded {
+			a.r.observe(ctx, Event{Kind: EventCreated, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key})
+		}
+		if row.DownstreamSalt != nil {
+			a.salt = *row.DownstreamSalt
+		}
+		return true
+	default:
+		// Another attempt recorded the key meanwhile: it is its to answer
+		// for. Release what this acquisition may have taken.
+		if row.Acquired {
+			_ = a.r.unlock(ctx, a.scope, a.key, row.LockToken)
+		}
+		return false
+	}
+}
+
+// callPhase makes a foreign phase's call (once), or learns by reconciling
+// that an earlier attempt made it, and returns the state with its result.
+// It holds no connection.
+func (a *attempt) callPhase(ctx context.Context, st *step, state []byte) ([]byte, error) {
+	if err := a.fault(ctx, st.name, BeforePhase, nil); err != nil {
+		return nil, err
+	}
+	key := downstreamKey(a.salt, a.wf.Name(), a.scope, a.key, st.downstreamName)
+	// The reconcile function gets a guard of its own, so that a lookup
+	// made through it leaves the call's one claim unspent.
+	out, happened, err := a.reconcile(ctx, st, newForeignCall(key), state)
+	if err != nil || happened {
+		return out, err
+	}
+	fc := newForeignCall(key)
+	out, err = st.call(ctx, fc, state)
+	if ferr := a.fault(ctx, st.name, AfterForeign, nil); ferr != nil {
+		if st.reconcile != nil && !errors.Is(ferr, ErrCrashed) {
+			// Whatever failed after the call, it may have gone out.
+			ferr = outcomeUnknown(ferr)
+			a.r.observe(ctx, Event{Kind: EventUnknown, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name, Err: ferr})
+		}
+		return nil, ferr
+	}
+	if fc.wasViolated() {
+		err = Permanent(ErrSecondForeignCall) // even if the phase swallowed it
+	}
+	if err != nil && st.reconcile != nil && !errors.Is(err, ErrPermanent) {
+		// The call may have gone out: nothing may repeat it now before
+		// reconciliation tells.
+		err = outcomeUnknown(err)
+		a.r.observe(ctx, Event{Kind: EventUnknown, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name, Err: err})
+	}
+	return out, err
+}
+
+// runUnit runs the unit that begins at phase idx, retrying its transaction
+// on serialization failures and deadlocks (from its first phase, with the
+// state it began with).
+func (a *attempt) runUnit(ctx context.Context, idx int, state []byte, first phaseRun) (phaseResult, *unitError) {
+	for try := 0; ; try++ {
+		res, ue := a.unit(ctx, idx, state, first, true)
+		if ue == nil {
+			return res, nil
+		}
+		if isDataError(ue.err) {
+			// The same input meets the same refusal on every retry.
+			ue.err = Permanent(ue.err)
+			return res, ue
+		}
+		if !isConflict(ue.err) || try >= a.r.cfg.PhaseRetries {
+			return res, ue
+		}
+		a.log(ctx, slog.LevelInfo, "atomicphase: retrying phase", "phase", ue.phase, "try", try+1, "error", ue.err)
+		if err := sleepJitter(ctx, a.r.cfg.retryBackoff(try)); err != nil {
+			return res, &unitError{phase: ue.phase, err: err}
+		}
+		first = a.startPhase(ctx, &a.wf.phaseSteps()[idx])
+	}
+}
+
+// unit runs one unit: phase idx (whose call, for a foreign phase, is made)
+// and, when fuse is set, the local phases that join it, in one transaction
+// on a connection of its own, committed with the last phase's checkpoint.
+// The connection is held only for this.
+func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, fuse bool) (res phaseResult, ue *unitError) {
+	steps := a.wf.phaseSteps()
+	pc := a.conn
+	a.conn = nil
+	if pc == nil {
+		var err error
+		if pc, err = a.r.pool.Acquire(ctx); err != nil {
+			a.failed(pr, err)
+			return res, &unitError{phase: pr.name, err: err}
+		}
+	}
+	tx := newPhaseTx(pc.Conn(), steps[idx].isolation)
+	tx.rec = a.rec
+	var ran []phaseRun // phases of this unit whose functions are done
+	committed := false
+	defer func() {
+		p := recover()
+		switch {
+		case ue != nil && errors.Is(ue.err, ErrCrashed) && p == nil:
+			crash(ctx, pc)
+			return
+		case !committed && tx.begun():
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+			_ = tx.rollback(cctx) // a broken connection is discarded by the pool
+			cancel()
+		}
+		pc.Release()
+		if p != nil {
+			panic(p)
+		}
+	}()
+	fail := func(phase string, err error) (phaseResult, *unitError) {
+		var qe *queuedError
+		if errors.As(err, &qe) {
+			phase = qe.phase
+		}
+		if a.rec != nil && a.rec.sent && !a.rec.recorded {
+			err = errNotRecorded
+		}
+		a.failed(pr, err)
+		for _, done := range ran {
+			done.end(nil)
+		}
+		return res, &unitError{phase: phase, err: err}
+	}
+
+	for cur := idx; ; {
+		st := &steps[cur]
+		tx.phase = st.name
+		if st.call == nil {
+			// A local phase's body is about to run on this connection.
+			if err := a.fault(pr.ctx, st.name, BeforePhase, pc.Conn()); err != nil {
+				return fail(st.name, err)
+			}
+		}
+		out := Outcome{}
+		if st.local != nil {
+			var err error
+			if state, out, err = st.local(pr.ctx, tx, state); err == nil {
+				err = tx.err
+			}
+			if err != nil {
+				return fail(st.name, err)
+			}
+		}
+		var cp *checkpoint
+		var err error
+		if res, cp, err = a.route(cur, st, out, state); err != nil {
+			return fail(st.name, err)
+		}
+		if fuse && res.resp == nil && joins(&steps[res.nextIdx], tx) {
+			ran = append(ran, pr)
+			cur, state = res.nextIdx, res.state
+			pr = a.startPhase(ctx, &steps[cur])
+			continue
+		}
+		if res.resp != nil {
+			if err := a.fault(pr.ctx, st.name, BeforeResponse, pc.Conn()); err != nil {
+				return fail(st.name, err)
+			}
+		}
+		if err := a.fault(pr.ctx, st.name, BeforeCommit, pc.Conn()); err != nil {
+			return fail(st.name, err)
+		}
+		if err := a.commit(pr.ctx, pc.Conn(), tx, cp); err != nil {
+			return fail(st.name, err)
+		}
+		committed = true
+		if a.rec != nil {
+			a.salt = a.rec.salt
+			a.rec = nil
+		}
+		for _, done := range ran {
+			a.committed(done)
+		}
+		a.committed(pr)
+		if err := a.fault(ctx, st.name, AfterCommit, pc.Conn()); err != nil {
+			return res, &unitError{phase: st.name, err: err}
+		}
+		return res, nil
+	}
+}
+
+// joins reports whether phase next joins the unit whose transaction is tx:
+// a local phase at the unit's isolation level does.
+func joins(next *step, tx *phaseTx) bool {
+	return next.call == nil && !next.alone && next.isolation == tx.opts.IsoLevel
+}
