@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"log"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/atomicphasetest"
 )
