@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/atomicphase/atomicphase"
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
