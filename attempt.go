@@ -98,7 +98,7 @@ func (a *attempt) parkOnPanic(ctx context.Context) {
 		return
 	}
 	why := fmt.Errorf("panic: %v\n%s", p, debug.Stack())
-	if !a.recordAlone(ctx) {
+	if ours, _ := a.recordAlone(ctx); !ours {
 		panic(p)
 	}
 	if released, perr := a.r.release(ctx, a.scope, a.key, a.token, why, 0, true, false); perr != nil {

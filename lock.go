@@ -79,6 +79,9 @@ VALUES ($1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, 
 ON CONFLICT (scope, idempotency_key) DO NOTHING
 RETURNING downstream_salt::text`
 
+// ownedBySQL reports whether a key holds the lock token $3.
+const ownedBySQL = `SELECT lock_token = $3 FROM /* TEMPLATE: schema */idempotency_keys WHERE scope = $1 AND idempotency_key = $2`
+
 // recordCappedSQL is recordSQL under Config.MaxUnfinishedPerScope ($9): it
 // also records nothing while the scope has that many unfinished keys (the
 // acquisition that follows reports it).

@@ -147,7 +147,9 @@ func TestObserverSeesEachDecisionOnce(t *testing.T) {
 	flaky.Params = []byte(`{"item":"flaky","quantity":1}`)
 	_, err = b.runner.Run(b.ctx, wf, flaky)
 	require.Error(t, err)
-	require.Equal(t, []atomicphase.EventKind{created, committed, committed, failed}, rec.take())
+	// finish failed in the transaction it shares with charge's record
+	// step; charge's result is then committed on its own.
+	require.Equal(t, []atomicphase.EventKind{created, committed, failed, committed}, rec.take())
 	_, err = b.runner.Run(b.ctx, wf, flaky)
 	require.NoError(t, err)
 	require.Equal(t, []atomicphase.EventKind{atomicphase.EventFailedRetry, committed}, rec.take(), "resumed at the failed phase")
@@ -164,7 +166,10 @@ func TestObserverSeesEachDecisionOnce(t *testing.T) {
 	}, nil)
 	_, err = b.runner.Run(b.ctx, perm, atomicphase.Request{Scope: "u", Key: "perm", Method: "POST", Path: "/"})
 	require.ErrorIs(t, err, atomicphase.ErrPermanent)
-	require.Equal(t, []atomicphase.EventKind{created, failed, atomicphase.EventParked}, rec.take())
+	// The phase failed before anything was sent, its transaction with the
+	// key's recording in it: the key is recorded on its own after, to be
+	// parked.
+	require.Equal(t, []atomicphase.EventKind{failed, created, atomicphase.EventParked}, rec.take())
 
 	_, err = b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET finished_at = finished_at - interval '2 days'`)
 	require.NoError(t, err)
@@ -188,10 +193,12 @@ func TestObserverSeesStoreErrorsAndTheLimit(t *testing.T) {
 
 	limited := setup(t, &atomicphase.Config{Observer: rec, MaxUnfinishedPerScope: 1})
 	entered, release := make(chan struct{}), make(chan struct{})
-	held := orderWorkflow(t, &c, hooks{afterCreate: func(context.Context, pgx.Tx) error {
+	// The first key is held in its foreign call, recorded and committed:
+	// a key still inside its first transaction is not counted yet.
+	held := orderWorkflow(t, &c, hooks{charge: func(ctx context.Context, call *atomicphase.ForeignCall, s *orderState) error {
 		close(entered)
 		<-release
-		return nil
+		return call.Do(ctx, func(context.Context, string) error { return nil })
 	}})
 	done := make(chan error)
 	go func() {

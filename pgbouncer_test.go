@@ -149,7 +149,13 @@ func TestWorkflowThroughPgBouncer(t *testing.T) {
 			for _, body := range bodies {
 				require.Equal(t, bodies[0], body)
 			}
-			require.Equal(t, []int32{3, 4, 3}, []int32{c.create.Load(), c.charge.Load(), c.finish.Load()})
+			// A duplicate that arrives while the new key is still inside its
+			// first transaction runs create's function too, and rolls it
+			// back: count what committed.
+			require.Equal(t, []int{3, 3}, []int{
+				b.count(t, `SELECT count(*) FROM effects WHERE phase = 'create'`),
+				b.count(t, `SELECT count(*) FROM effects WHERE phase = 'finish'`)})
+			require.Equal(t, int32(4), c.charge.Load())
 			require.Equal(t, 3, b.count(t, "SELECT count(*) FROM effects WHERE phase = 'create'"))
 
 			// The clients really shared a few server connections.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 
@@ -55,7 +56,7 @@ type jumpState struct {
 	Trail   []string `json:"trail"`
 }
 
-func jumpWorkflow(t *testing.T, failAt string, failures *int) *atomicphase.Workflow[jumpState] {
+func jumpWorkflow(t *testing.T, failAt string, failures *int, commitEach bool) *atomicphase.Workflow[jumpState] {
 	step := func(name string, out func(s *jumpState) atomicphase.Outcome) atomicphase.LocalFunc[jumpState] {
 		return func(ctx context.Context, tx atomicphase.Tx, s *jumpState) (atomicphase.Outcome, error) {
 			if name == failAt && *failures > 0 {
@@ -81,29 +82,38 @@ func jumpWorkflow(t *testing.T, failAt string, failures *int) *atomicphase.Workf
 		atomicphase.Local("ship", step("ship", func(s *jumpState) atomicphase.Outcome {
 			return atomicphase.Respond(200, []byte(`"done"`))
 		})),
-	}, &atomicphase.WorkflowOpts{KeepFinishedState: true}) // the tests read the finished state
+	}, &atomicphase.WorkflowOpts{KeepFinishedState: true, CommitEachPhase: commitEach}) // the tests read the finished state
 	require.NoError(t, err)
 	return wf
 }
 
 func TestJumpSkipsPhasesAndSurvivesResume(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil)
-	failures := 1
-	wf := jumpWorkflow(t, "ship", &failures)
-	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/ship", Params: []byte(`{"express":true}`)}
+	for _, commitEach := range []bool{true, false} {
+		t.Run(fmt.Sprintf("CommitEachPhase=%v", commitEach), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, nil)
+			failures := 1
+			wf := jumpWorkflow(t, "ship", &failures, commitEach)
+			req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/ship", Params: []byte(`{"express":true}`)}
 
-	_, err := b.runner.Run(b.ctx, wf, req)
-	require.ErrorContains(t, err, "transient")
-	info, err := b.runner.Inspect(b.ctx, "u", "k")
-	require.NoError(t, err)
-	require.Equal(t, "check", info.RecoveryPoint)
+			_, err := b.runner.Run(b.ctx, wf, req)
+			require.ErrorContains(t, err, "transient")
+			info, err := b.runner.Inspect(b.ctx, "u", "k")
+			require.NoError(t, err)
+			if commitEach {
+				require.Equal(t, "check", info.RecoveryPoint, "the jump is stored with check's commit")
+			} else {
+				require.Equal(t, atomicphase.RecoveryPointStarted, info.RecoveryPoint, "check and ship share a transaction, rolled back together")
+			}
 
-	_, err = b.runner.Run(b.ctx, wf, req)
-	require.NoError(t, err)
-	info, err = b.runner.Inspect(b.ctx, "u", "k")
-	require.NoError(t, err)
-	require.JSONEq(t, `{"express":true,"trail":["check","ship"]}`, string(info.State), "review was skipped, before and after the retry")
+			_, err = b.runner.Run(b.ctx, wf, req)
+			require.NoError(t, err)
+			info, err = b.runner.Inspect(b.ctx, "u", "k")
+			require.NoError(t, err)
+			require.JSONEq(t, `{"express":true,"trail":["check","ship"]}`, string(info.State), "review was skipped, before and after the retry")
+		})
+	}
 }
 
 // A phase resumed after a crash sees the very state bytes the first attempt

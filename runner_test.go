@@ -189,9 +189,10 @@ func TestRoundTripBudget(t *testing.T) {
 	counter.Reset()
 	_, err = runner.Run(ctx, wf, orderRequest("u", "measured"))
 	require.NoError(t, err)
-	// acquire 1 · create: INSERT(+BEGIN) 1, checkpoint+COMMIT 1 ·
-	// charge: checkpoint 1 · finish: INSERT(+BEGIN) 1, checkpoint+COMMIT 1
-	require.Equal(t, int64(6), counter.Count(), "round trips for a new key through create → charge → finish")
+	// read the key 1 · create: BEGIN+record the key+INSERT 1,
+	// checkpoint+COMMIT 1 · charge's record step and finish, fused: BEGIN+INSERT 1,
+	// checkpoint+COMMIT 1
+	require.Equal(t, int64(5), counter.Count(), "round trips for a new key through create → charge → finish")
 
 	counter.Reset()
 	resp, err := runner.Run(ctx, wf, orderRequest("u", "measured"))
@@ -203,6 +204,58 @@ func TestRoundTripBudget(t *testing.T) {
 	_, err = runner.Run(ctx, wf, atomicphase.Request{Scope: "u", Key: "measured", Method: "POST", Path: "/other"})
 	require.ErrorIs(t, err, atomicphase.ErrFingerprintMismatch)
 	require.Equal(t, int64(1), counter.Count(), "a mismatch is one round trip")
+}
+
+// With writes queued (Tx.Queue), a phase costs no round trip of its own:
+// its writes travel with its commit.
+func TestRoundTripBudgetWithQueuedWrites(t *testing.T) {
+	t.Parallel()
+	counter := &atomicphasetest.RoundTrips{}
+	opts := *testDBOpts
+	opts.PoolConfig = func(cfg *pgxpool.Config) {
+		cfg.MaxConns = 1
+		cfg.ConnConfig.Tracer = counter
+	}
+	db := atomicphasetest.NewDB(t, &opts)
+	runner, err := atomicphase.NewRunner(db.Pool, nil)
+	require.NoError(t, err)
+	type st struct {
+		ChargeID string `json:"charge_id"`
+	}
+	wf := atomicphase.MustWorkflow("queued", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("create", func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
+			tx.Queue(`INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'create')`)
+			return atomicphase.Continue(), nil
+		}),
+		atomicphase.Foreign("charge", func(ctx context.Context, call *atomicphase.ForeignCall, s *st) error {
+			return call.Do(ctx, func(_ context.Context, key string) error {
+				s.ChargeID = "ch_" + key
+				return nil
+			})
+		}, func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
+			tx.Queue(`INSERT INTO effects (scope, key, phase, note) VALUES ('u', 'k', 'charge', $1)`, s.ChargeID)
+			return atomicphase.Continue(), nil
+		}),
+		atomicphase.Local("finish", func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
+			tx.Queue(`INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'outbox')`)
+			return atomicphase.Respond(201, []byte(s.ChargeID)), nil
+		}),
+	}, nil)
+	ctx := context.Background()
+	req := func(key string) atomicphase.Request {
+		return atomicphase.Request{Scope: "u", Key: key, Method: "POST", Path: "/q"}
+	}
+	_, err = runner.Run(ctx, wf, req("warm-up"))
+	require.NoError(t, err)
+
+	counter.Reset()
+	_, err = runner.Run(ctx, wf, req("measured"))
+	require.NoError(t, err)
+	// read the key 1 · BEGIN+record+INSERT+checkpoint+COMMIT 1 ·
+	// BEGIN+INSERT+INSERT+checkpoint+COMMIT 1
+	require.Equal(t, int64(3), counter.Count(), "round trips for a new key, writes queued")
+	b := &testBundle{db: db, runner: runner, ctx: ctx}
+	require.Equal(t, 6, b.count(t, `SELECT count(*) FROM effects`), "three writes per request, all committed")
 }
 
 func TestTypedNilWorkflowIsAnErrorNotAPanic(t *testing.T) {

@@ -18,7 +18,7 @@ import (
 // and unlocking in lock.go, the checkpoint in recovery_point.go, inspection
 // and the schema check here.
 type statements struct {
-	acquire, peek, record, recordCapped, take, release, checkpoint, inspect, checkSchema string
+	acquire, peek, record, recordCapped, ownedBy, take, release, checkpoint, inspect, checkSchema string
 }
 
 func newStatements(schema string) statements {
@@ -26,6 +26,7 @@ func newStatements(schema string) statements {
 		acquire:      renderSQL(acquireSQL, schema),
 		peek:         renderSQL(peekSQL, schema),
 		record:       renderSQL(recordSQL, schema),
+		ownedBy:      renderSQL(ownedBySQL, schema),
 		recordCapped: renderSQL(recordCappedSQL, schema),
 		take:         renderSQL(takeSQL, schema),
 		release:      renderSQL(releaseSQL, schema),

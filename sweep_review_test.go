@@ -122,11 +122,13 @@ func TestSweepParksAKeyWhoseAttemptsNeverFinish(t *testing.T) {
 		return nil
 	})
 	b := setup(t, &atomicphase.Config{MaxAttempts: 3, FaultInjector: crash})
+	// Each phase commits on its own, so the key is recorded before the
+	// phase dies.
 	wf := atomicphase.MustWorkflow("crashy", revStart, []atomicphase.Phase[revSt]{
 		atomicphase.Local("p", func(context.Context, atomicphase.Tx, *revSt) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(200, nil), nil
 		}),
-	}, nil)
+	}, &atomicphase.WorkflowOpts{CommitEachPhase: true})
 	_, err := b.runner.Run(b.ctx, wf, revReq("k"))
 	require.ErrorIs(t, err, atomicphase.ErrCrashed)
 	s := newSweeper(t, b, nil)
@@ -383,7 +385,8 @@ func TestOldVersionSweepLeavesNewVersionKeysAlone(t *testing.T) {
 		return atomicphase.Respond(200, nil), nil
 	}
 	v2 := atomicphase.MustWorkflow("w", revStart, []atomicphase.Phase[revSt]{
-		atomicphase.Local("a", ok), atomicphase.Local("b_new", ok), atomicphase.Local("c", done)}, nil)
+		atomicphase.Local("a", ok), atomicphase.Local("b_new", ok), atomicphase.Local("c", done)},
+		&atomicphase.WorkflowOpts{CommitEachPhase: true}) // b_new's recovery point is committed
 	_, err := b.runner.Run(b.ctx, v2, revReq("k"))
 	require.ErrorIs(t, err, atomicphase.ErrCrashed) // died after b_new committed
 	ageLocks(t, b)

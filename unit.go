@@ -3,8 +3,11 @@ package atomicphase
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Phase fusion. A workflow's phases run in units: one unit is one database
@@ -97,13 +100,20 @@ func (a *attempt) loop(ctx context.Context, idx int, state []byte) (*Response, e
 // the key's recording, or a foreign phase's record step followed by other
 // phases, that part is committed on its own first (a failure must not cost
 // what went before it: the key's row, which keeps the failure, and a
-// call's result, which must not be asked for again).
+// call's result, which must not be asked for again). When the key turns
+// out to be another attempt's, the failed run was never this attempt's to
+// make: errNotRecorded sends the request through acquisition again, which
+// explains the key as it is.
 func (a *attempt) failUnit(ctx context.Context, first int, state []byte, ue *unitError) error {
 	if errors.Is(ue.err, errNotRecorded) || errors.Is(ue.err, ErrCrashed) {
 		return ue.err
 	}
-	if !a.recordAlone(ctx) {
+	switch ours, err := a.recordAlone(ctx); {
+	case err != nil:
+		a.log(ctx, slog.LevelWarn, "atomicphase: recording a failed attempt's key failed", "error", err)
 		return ue.err
+	case !ours:
+		return errNotRecorded
 	}
 	steps := a.wf.phaseSteps()
 	if st := &steps[first]; st.call != nil && ue.phase != st.name && !errors.Is(ue.err, ErrLockLost) {
@@ -118,37 +128,37 @@ func (a *attempt) failUnit(ctx context.Context, first int, state []byte, ue *uni
 // recordAlone records the key on its own when the transaction that was to
 // record it did not commit, so that a failure is kept on the key's row (and
 // an attempt whose commit answer was lost finds its row). It reports
-// whether the key is this attempt's to release: recorded by it now or
-// before, under its lock token.
-func (a *attempt) recordAlone(ctx context.Context) bool {
+// whether the key is this attempt's: recorded by it now or before, under
+// its lock token. A key already recorded by another attempt is left as it
+// was found.
+func (a *attempt) recordAlone(ctx context.Context) (ours bool, err error) {
 	rec := a.rec
 	if rec == nil {
-		return true
+		return true, nil
 	}
 	a.rec = nil
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	row, err := a.r.acquire(ctx, rec.req, a.wf.Name(), rec.fp, rec.state, a.token)
+	// The recording again, on its own: it records nothing when the key
+	// exists, whoever recorded it.
+	err = a.r.pool.QueryRow(ctx, rec.sql, rec.args...).Scan(&rec.salt)
 	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		// Recorded before: by this attempt, in a commit whose answer was
+		// lost, if the key holds its lock token.
+		err = a.r.pool.QueryRow(ctx, a.r.sql.ownedBy, a.scope, a.key, a.token).Scan(&ours)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, nil // over the scope's limit
+		}
+		return ours, err
 	case err != nil:
-		a.log(ctx, slog.LevelWarn, "atomicphase: recording a failed attempt's key failed", "error", err)
-		return false
-	case row.Acquired && row.Attempts == 1, row.LockToken == a.token:
-		if !rec.recorded {
-			a.r.observe(ctx, Event{Kind: EventCreated, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key})
-		}
-		if row.DownstreamSalt != nil {
-			a.salt = *row.DownstreamSalt
-		}
-		return true
-	default:
-		// Another attempt recorded the key meanwhile: it is its to answer
-		// for. Release what this acquisition may have taken.
-		if row.Acquired {
-			_ = a.r.unlock(ctx, a.scope, a.key, row.LockToken)
-		}
-		return false
+		return false, err
 	}
+	if !rec.recorded {
+		a.r.observe(ctx, Event{Kind: EventCreated, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key})
+	}
+	a.salt = rec.salt
+	return true, nil
 }
 
 // callPhase makes a foreign phase's call (once), or learns by reconciling
@@ -233,6 +243,9 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 	committed := false
 	defer func() {
 		p := recover()
+		if p != nil {
+			a.failed(pr, fmt.Errorf("panic: %v", p))
+		}
 		switch {
 		case ue != nil && errors.Is(ue.err, ErrCrashed) && p == nil:
 			crash(ctx, pc)

@@ -88,7 +88,7 @@ func TestRenamedPhaseResumesKeysAtItsFormerName(t *testing.T) {
 			return atomicphase.Continue(), nil
 		}),
 		second,
-	}, nil)
+	}, &atomicphase.WorkflowOpts{CommitEachPhase: true}) // the key stops at "first"
 	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/r"}
 	_, err := b.runner.Run(b.ctx, v1, req)
 	require.Error(t, err)

@@ -34,6 +34,8 @@ type bundle struct {
 	block   chan struct{}
 	entered chan struct{}
 	runner  *atomicphase.Runner
+	// commitEach gives the save phase CommitEachPhase.
+	commitEach bool
 }
 
 // setup serves POST /notes through the middleware; other methods reach a
@@ -49,10 +51,25 @@ func setupOn(t *testing.T, pool *pgxpool.Pool, opts *aphttp.Options) *bundle {
 	return setupRunnerOn(t, pool, nil, opts)
 }
 
+// setupHeld is setup with the save phase committing the key's recording
+// on its own, before the phase runs, so that a test holding the phase
+// holds a recorded key (with phase fusion, a key recorded in the phase's
+// own transaction is not there for a duplicate to find until it commits).
+func setupHeld(t *testing.T) *bundle {
+	t.Helper()
+	db := atomicphasetest.NewDB(t, nil)
+	b := &bundle{commitEach: true}
+	return b.build(t, db.Pool, nil, nil)
+}
+
 // setupRunnerOn is setupOn with the Runner's Config.
 func setupRunnerOn(t *testing.T, pool *pgxpool.Pool, cfg *atomicphase.Config, opts *aphttp.Options) *bundle {
 	t.Helper()
-	b := &bundle{}
+	return (&bundle{}).build(t, pool, cfg, opts)
+}
+
+func (b *bundle) build(t *testing.T, pool *pgxpool.Pool, cfg *atomicphase.Config, opts *aphttp.Options) *bundle {
+	t.Helper()
 	runner, err := atomicphase.NewRunner(pool, cfg)
 	require.NoError(t, err)
 	b.runner = runner
@@ -77,7 +94,7 @@ func setupRunnerOn(t *testing.T, pool *pgxpool.Pool, cfg *atomicphase.Config, op
 			body, _ := json.Marshal(map[string]any{"saved": n.Text, "run": b.runs.Load()})
 			return atomicphase.Respond(201, body).WithHeader("Location", "/notes/1"), nil
 		}),
-	}, nil)
+	}, &atomicphase.WorkflowOpts{CommitEachPhase: b.commitEach})
 	o := aphttp.Options{Scope: func(r *http.Request) (string, error) {
 		switch user := r.Header.Get("X-User"); user {
 		case "":
@@ -257,7 +274,7 @@ func TestKeyReusedWithAnotherBodyIs422(t *testing.T) {
 
 func TestInProgressIs409WithRetryAfter(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil)
+	b := setupHeld(t)
 	b.block, b.entered = make(chan struct{}), make(chan struct{})
 	done := make(chan reply, 1)
 	go func() { done <- b.do(t, "POST", "k", `{"text":"slow"}`) }()

@@ -94,16 +94,13 @@ func ExampleSurvey() {
 	fmt.Print(rep)
 	fmt.Println("violation:", rep.Violation())
 	// Output:
-	// fault exploration "checkout": 10 points, 13 runs
+	// fault exploration "checkout": 8 points, 10 runs
 	// POINT                            ACTION           ATTEMPTS  OUTCOME  INVARIANT
 	// (none)                           -                1         201      ok
 	// checkout:before-acquire          crash            2         201      ok
 	// checkout:after-acquire           crash            2         201      ok
 	// checkout:charge:before-phase     crash            2         201      ok
 	// checkout:charge:after-foreign    crash            2         201      ok
-	// checkout:charge:before-commit    crash            2         201      ok
-	// checkout:charge:before-commit    lose-commit-ack  2         201      ok
-	// checkout:charge:after-commit     crash            2         201      ok
 	// checkout:record:before-phase     crash            2         201      ok
 	// checkout:record:before-response  crash            2         201      ok
 	// checkout:record:before-commit    crash            2         201      ok

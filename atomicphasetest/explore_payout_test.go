@@ -54,7 +54,7 @@ func TestExplorePayoutEveryPointAndAction(t *testing.T) {
 				require.Equal(t, "201", row.Outcome, "%v", row.Faults)
 			}
 			if first == "" {
-				require.Len(t, uniq(rep.Points), 13)
+				require.Len(t, uniq(rep.Points), 10)
 			}
 			require.True(t, uniq(rep.Points)[atomicphase.FaultPoint{Workflow: "payout", Phase: "pay", Place: atomicphase.AfterForeign}],
 				"the point right after the call is explored")

@@ -199,7 +199,7 @@ func TestProcessKillAtEveryPoint(t *testing.T) {
 			require.Equal(t, final.Body, again.Body)
 		})
 	}
-	require.Len(t, seen, 13)
+	require.Len(t, seen, 10)
 }
 
 func TestMalformedFaultsAreAStartUpError(t *testing.T) {

@@ -123,8 +123,8 @@ func reconcilePayout(base string, client *http.Client) atomicphase.ReconcileFunc
 }
 
 func recordPayout(ctx context.Context, tx atomicphase.Tx, r *Ride) (atomicphase.Outcome, error) {
-	_, err := tx.Exec(ctx, `UPDATE rides SET bank_payout_id = $1 WHERE id = $2`, r.PayoutID, r.RideID)
-	return atomicphase.Continue(), err
+	tx.Queue(`UPDATE rides SET bank_payout_id = $1 WHERE id = $2`, r.PayoutID, r.RideID)
+	return atomicphase.Continue(), nil
 }
 
 // payoutPhase is the workflow's payout phase against the bank at base.
