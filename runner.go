@@ -183,12 +183,12 @@ func (r *Runner) acquireAndRun(ctx context.Context, wf AnyWorkflow, req *Request
 func (r *Runner) recordAndRun(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, state []byte) (resp *Response, err error, done bool) {
 	pc, err := r.pool.Acquire(ctx)
 	if err != nil {
-		return nil, r.storeFailed(ctx, wf, req, "read key", err), true
+		return nil, r.storeFailed(ctx, wf, req, "acquire key", err), true
 	}
 	p, found, err := r.peek(ctx, pc.Conn(), req)
 	if err != nil {
 		pc.Release()
-		return nil, r.storeFailed(ctx, wf, req, "read key", err), true
+		return nil, r.storeFailed(ctx, wf, req, "acquire key", err), true
 	}
 	if found {
 		pc.Release()
