@@ -270,7 +270,7 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 		}
 		a.failed(pr, err)
 		for _, done := range ran {
-			done.end(nil)
+			done.end(fmt.Errorf("atomicphase: rolled back with phase %q, which shares its transaction", pr.name))
 		}
 		return res, &unitError{phase: phase, err: err}
 	}

@@ -153,10 +153,11 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 			"phase=finish," + wfOrder: 4,
 		},
 		"atomicphase.phase.failed": {
-			"phase=charge," + wfOrder:   4, // held's first attempt (lock lost), flaky, doomed, abandoned
+			"phase=charge," + wfOrder:   3, // flaky, doomed, abandoned
+			"phase=finish," + wfOrder:   1, // held's first attempt: the commit charge's record step shares with finish found the lock lost
 			"phase=migrate," + wfLegacy: 1,
 		},
-		"atomicphase.lock.lost":              {"phase=charge," + wfOrder: 1},
+		"atomicphase.lock.lost":              {"phase=finish," + wfOrder: 1},
 		"atomicphase.key.parked":             {"phase=charge," + wfOrder: 1},
 		"atomicphase.zombie_key":             {"workflow=order": 1},
 		"atomicphase.ttl_pruned":             {"": 4}, // new, held, flaky, abandoned
@@ -165,7 +166,8 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 			"outcome=committed,phase=create," + wfOrder: 5,
 			"outcome=committed,phase=charge," + wfOrder: 4,
 			"outcome=committed,phase=finish," + wfOrder: 4,
-			"outcome=failed,phase=charge," + wfOrder:    4,
+			"outcome=failed,phase=charge," + wfOrder:    3,
+			"outcome=failed,phase=finish," + wfOrder:    1,
 			"outcome=failed,phase=migrate," + wfLegacy:  1,
 		},
 	}, collect(t, b.reader))
@@ -173,8 +175,9 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 	// The spans: under each step's span, one request span, with the
 	// decisions as events and a child span per phase run.
 	type phase struct {
-		name   string
-		failed bool
+		name       string
+		failed     bool
+		rolledBack bool
 	}
 	var (
 		created    = ev(atomicphase.EventCreated)
@@ -186,6 +189,10 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 		charge     = phase{name: "charge"}
 		finish     = phase{name: "finish"}
 		chargeFail = phase{name: "charge", failed: true}
+		finishFail = phase{name: "finish", failed: true}
+		// charge's record step shares finish's transaction, and rolls
+		// back with it.
+		chargeRolledBack = phase{name: "charge", rolledBack: true}
 	)
 	want := []struct {
 		step     string
@@ -196,7 +203,7 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 		{"new", "order", []string{created, committed, committed, committed}, []phase{create, charge, finish}},
 		{"replay", "order", []string{ev(atomicphase.EventReplay)}, nil},
 		{"misuse", "order", []string{ev(atomicphase.EventKeyMisuse), exception}, nil},
-		{"held first", "order", []string{created, committed, failed, ev(atomicphase.EventLockLost), exception}, []phase{create, chargeFail}},
+		{"held first", "order", []string{created, committed, failed, ev(atomicphase.EventLockLost), exception}, []phase{create, chargeRolledBack, finishFail}},
 		{"held duplicate", "order", []string{ev(atomicphase.EventInProgress), exception}, nil},
 		{"held takeover", "order", []string{ev(atomicphase.EventTakeover), committed, committed}, []phase{charge, finish}},
 		{"flaky first", "order", []string{created, committed, failed, exception}, []phase{create, chargeFail}},
@@ -242,10 +249,14 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 			got := phases[i]
 			require.Equal(t, apotel.PhaseSpanPrefix+p.name, got.Name(), w.step)
 			require.Equal(t, map[string]string{"workflow": w.workflow, "phase": p.name}, attrs(got.Attributes()), w.step)
-			if p.failed {
+			switch {
+			case p.failed:
 				require.Equal(t, codes.Error, got.Status().Code, "step %q phase %q", w.step, p.name)
 				require.Equal(t, []string{failed, exception}, eventNames(got), "step %q phase %q", w.step, p.name)
-			} else {
+			case p.rolledBack:
+				require.Equal(t, codes.Error, got.Status().Code, "step %q phase %q", w.step, p.name)
+				require.Equal(t, []string{exception}, eventNames(got), "step %q phase %q: neither committed nor failed itself", w.step, p.name)
+			default:
 				require.Equal(t, codes.Unset, got.Status().Code, "step %q phase %q", w.step, p.name)
 				require.Equal(t, []string{committed}, eventNames(got), "step %q phase %q", w.step, p.name)
 			}
