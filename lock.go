@@ -124,9 +124,11 @@ type recording struct {
 	req   *Request
 	fp    Fingerprint
 	state []byte
-	// sent and recorded say how it went: recorded is false when the key
-	// existed (or its scope was over its limit).
+	// sent and recorded say how its latest sending went: recorded is
+	// false when the key existed (or its scope was over its limit).
 	sent, recorded bool
+	// announced is set once the key's creation was reported.
+	announced bool
 	// salt is the new row's downstream salt.
 	salt string
 	// onRecorded, when set, is called once the key is known recorded.
@@ -140,7 +142,7 @@ var errNotRecorded = errors.New("atomicphase: the key was recorded meanwhile")
 
 // read reads the recording's answer from br.
 func (rec *recording) read(br pgx.BatchResults) error {
-	rec.sent = true
+	rec.sent, rec.recorded = true, false
 	err := br.QueryRow().Scan(&rec.salt)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -149,9 +151,10 @@ func (rec *recording) read(br pgx.BatchResults) error {
 		return err
 	}
 	rec.recorded = true
-	if rec.onRecorded != nil {
+	if !rec.announced && rec.onRecorded != nil {
 		rec.onRecorded()
 	}
+	rec.announced = true
 	return nil
 }
 

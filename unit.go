@@ -117,8 +117,12 @@ func (a *attempt) failUnit(ctx context.Context, first int, state []byte, ue *uni
 	}
 	steps := a.wf.phaseSteps()
 	if st := &steps[first]; st.call != nil && ue.phase != st.name && !errors.Is(ue.err, ErrLockLost) {
-		pr := a.startPhase(ctx, st)
-		if _, err := a.unit(ctx, first, state, pr, false); err != nil {
+		// Even when ctx has ended: the call went out, and its result is
+		// worth keeping.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		pr := a.startPhase(cctx, st)
+		if _, err := a.unit(cctx, first, state, pr, false); err != nil {
 			a.log(ctx, slog.LevelWarn, "atomicphase: recording a call's result on its own failed", "phase", st.name, "error", err.err)
 		}
 	}
@@ -154,7 +158,7 @@ func (a *attempt) recordAlone(ctx context.Context) (ours bool, err error) {
 	case err != nil:
 		return false, err
 	}
-	if !rec.recorded {
+	if !rec.announced {
 		a.r.observe(ctx, Event{Kind: EventCreated, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key})
 	}
 	a.salt = rec.salt
@@ -203,8 +207,8 @@ func (a *attempt) callPhase(ctx context.Context, st *step, state []byte) ([]byte
 func (a *attempt) runUnit(ctx context.Context, idx int, state []byte, first phaseRun) (phaseResult, *unitError) {
 	for try := 0; ; try++ {
 		res, ue := a.unit(ctx, idx, state, first, true)
-		if ue == nil {
-			return res, nil
+		if ue == nil || errors.Is(ue.err, errNotRecorded) {
+			return res, ue
 		}
 		if isDataError(ue.err) {
 			// The same input meets the same refusal on every retry.
@@ -238,7 +242,9 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 		}
 	}
 	tx := newPhaseTx(pc.Conn(), steps[idx].isolation)
-	tx.rec = a.rec
+	if tx.rec = a.rec; tx.rec != nil {
+		tx.rec.sent, tx.rec.recorded = false, false
+	}
 	var ran []phaseRun // phases of this unit whose functions are done
 	committed := false
 	defer func() {

@@ -1,0 +1,313 @@
+package atomicphase_test
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/atomicphasetest"
+)
+
+// commitCounter is a pgx tracer counting commits: COMMIT statements, and
+// writing statements sent outside a transaction block (each its own
+// transaction).
+type commitCounter struct{ n atomic.Int64 }
+
+var writes = regexp.MustCompile(`(?i)^\s*(INSERT|UPDATE|DELETE)\b|atomicphase_(acquire|checkpoint)\(`)
+
+func (c *commitCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL == "COMMIT" || (conn.PgConn().TxStatus() == 'I' && writes.MatchString(d.SQL)) {
+		c.n.Add(1)
+	}
+	return ctx
+}
+func (c *commitCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *commitCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+func (c *commitCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	if d.SQL == "COMMIT" {
+		c.n.Add(1)
+	}
+}
+func (c *commitCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// fusedState is the state of fusedWorkflow.
+type fusedState struct {
+	ChargeID string `json:"charge_id"`
+}
+
+// fusedWorkflow is prepare → reserve (local, local) → charge (foreign,
+// recording its result) → finish (local, responding), each writing one
+// effects row. calls counts the foreign calls per downstream key.
+func fusedWorkflow(t *testing.T, calls *sync.Map, hooks map[string]func(context.Context, atomicphase.Tx) error) *atomicphase.Workflow[fusedState] {
+	t.Helper()
+	local := func(name string, respond bool) atomicphase.LocalFunc[fusedState] {
+		return func(ctx context.Context, tx atomicphase.Tx, s *fusedState) (atomicphase.Outcome, error) {
+			tx.Queue(`INSERT INTO effects (scope, key, phase, note) VALUES ('u', 'k', $1, $2)`, name, s.ChargeID)
+			if h := hooks[name]; h != nil {
+				if err := h(ctx, tx); err != nil {
+					return atomicphase.Outcome{}, err
+				}
+			}
+			if respond {
+				return atomicphase.Respond(201, []byte(s.ChargeID)), nil
+			}
+			return atomicphase.Continue(), nil
+		}
+	}
+	wf, err := atomicphase.NewWorkflow("fused", startEmpty[fusedState], []atomicphase.Phase[fusedState]{
+		atomicphase.Local("prepare", local("prepare", false)),
+		atomicphase.Local("reserve", local("reserve", false)),
+		atomicphase.Foreign("charge", func(ctx context.Context, call *atomicphase.ForeignCall, s *fusedState) error {
+			return call.Do(ctx, func(_ context.Context, key string) error {
+				n, _ := calls.LoadOrStore(key, new(atomic.Int32))
+				n.(*atomic.Int32).Add(1)
+				s.ChargeID = "ch_" + key[:8]
+				return nil
+			})
+		}, local("charge", false)),
+		atomicphase.Local("finish", local("finish", true)),
+	}, nil)
+	require.NoError(t, err)
+	return wf
+}
+
+func callsMade(calls *sync.Map) (keys int, total int32) {
+	calls.Range(func(_, v any) bool {
+		keys++
+		total += v.(*atomic.Int32).Load()
+		return true
+	})
+	return keys, total
+}
+
+// A request commits once per foreign phase, plus once: the key's recording
+// and the local phases before the call share one transaction, the call's
+// record step and the local phases after it another.
+func TestFusedRequestCommitsOncePerForeignPhasePlusOnce(t *testing.T) {
+	t.Parallel()
+	commits := &commitCounter{}
+	opts := *testDBOpts
+	opts.PoolConfig = func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = commits }
+	db := atomicphasetest.NewDB(t, &opts)
+	runner, err := atomicphase.NewRunner(db.Pool, nil)
+	require.NoError(t, err)
+	var calls sync.Map
+	wf := fusedWorkflow(t, &calls, nil)
+	b := &testBundle{db: db, runner: runner, ctx: context.Background()}
+
+	commits.n.Store(0)
+	resp, err := runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/f"})
+	require.NoError(t, err)
+	require.Equal(t, 201, resp.Status)
+	require.Equal(t, int64(2), commits.n.Load(), "one commit before the call, one after")
+	require.Equal(t, 4, b.count(t, `SELECT count(*) FROM effects`))
+
+	// CommitEachPhase: the recording and every phase commit on their own.
+	each := atomicphase.MustWorkflow("each", startEmpty[fusedState], []atomicphase.Phase[fusedState]{
+		atomicphase.Local("a", func(context.Context, atomicphase.Tx, *fusedState) (atomicphase.Outcome, error) {
+			return atomicphase.Continue(), nil
+		}),
+		atomicphase.Local("b", func(context.Context, atomicphase.Tx, *fusedState) (atomicphase.Outcome, error) {
+			return atomicphase.Respond(200, nil), nil
+		}),
+	}, &atomicphase.WorkflowOpts{CommitEachPhase: true})
+	commits.n.Store(0)
+	_, err = runner.Run(b.ctx, each, atomicphase.Request{Scope: "u", Key: "each", Method: "POST", Path: "/e"})
+	require.NoError(t, err)
+	require.Equal(t, int64(3), commits.n.Load(), "the recording, a and b")
+}
+
+// A crash inside a fused transaction rolls it all back: the retry runs it
+// again from its first phase, and a foreign phase's call, whose record step
+// rolled back, goes out again under the same downstream key.
+func TestCrashInsideAFusedTransactionResumesAtItsFirstPhase(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		phase      string
+		place      atomicphase.FaultPlace
+		recovery   string // the recovery point the crash leaves; "" when the key is not there
+		callsFirst int32  // calls made by the crashed attempt
+	}{
+		{"reserve", atomicphase.BeforeCommit, "", 0},
+		{"finish", atomicphase.BeforePhase, "reserve", 1},
+		{"finish", atomicphase.BeforeCommit, "reserve", 1},
+	} {
+		t.Run(tc.phase+":"+string(tc.place), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, &atomicphase.Config{FaultInjector: crashOnce(tc.phase, tc.place)})
+			var calls sync.Map
+			wf := fusedWorkflow(t, &calls, nil)
+			req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/f"}
+			_, err := b.runner.Run(b.ctx, wf, req)
+			require.ErrorIs(t, err, atomicphase.ErrCrashed)
+			require.Zero(t, b.count(t, `SELECT count(*) FROM effects WHERE phase IN ('charge', 'finish')`), "rolled back")
+			info, err := b.runner.Inspect(b.ctx, "u", "k")
+			if tc.recovery == "" {
+				require.ErrorIs(t, err, atomicphase.ErrKeyNotFound, "the key's recording rolled back with prepare and reserve")
+			} else {
+				require.NoError(t, err)
+				require.Equal(t, tc.recovery, info.RecoveryPoint)
+			}
+			_, total := callsMade(&calls)
+			require.Equal(t, tc.callsFirst, total)
+
+			ageLocks(t, b)
+			resp, err := b.runner.Run(b.ctx, wf, req)
+			require.NoError(t, err)
+			require.Equal(t, 201, resp.Status)
+			keys, _ := callsMade(&calls)
+			require.Equal(t, 1, keys, "every call carried the same downstream key")
+			for _, phase := range []string{"prepare", "reserve", "charge", "finish"} {
+				require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE phase = $1`, phase), phase)
+			}
+		})
+	}
+}
+
+// A phase that fails after a foreign phase's record step, in the
+// transaction they share, does not cost the call's result: it is committed
+// on its own, and the retry does not call again.
+func TestFailureAfterACallKeepsTheCallsResult(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var calls sync.Map
+	var fail atomic.Bool
+	fail.Store(true)
+	wf := fusedWorkflow(t, &calls, map[string]func(context.Context, atomicphase.Tx) error{
+		"finish": func(context.Context, atomicphase.Tx) error {
+			if fail.Load() {
+				return errors.New("transient")
+			}
+			return nil
+		},
+	})
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/f"}
+	_, err := b.runner.Run(b.ctx, wf, req)
+	var pe *atomicphase.PhaseError
+	require.ErrorAs(t, err, &pe)
+	require.Equal(t, "finish", pe.Phase)
+	info, err := b.runner.Inspect(b.ctx, "u", "k")
+	require.NoError(t, err)
+	require.Equal(t, "charge", info.RecoveryPoint, "the call's result was committed on its own")
+	require.False(t, info.Locked)
+
+	fail.Store(false)
+	_, err = b.runner.Run(b.ctx, wf, req)
+	require.NoError(t, err)
+	_, total := callsMade(&calls)
+	require.Equal(t, int32(1), total, "the retry did not call again")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE phase = 'charge'`))
+}
+
+// A queued statement's failure is charged to the phase that queued it,
+// even when it surfaces while a later phase of the same transaction sends.
+func TestQueuedStatementFailureIsChargedToItsPhase(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	type st struct{}
+	wf := atomicphase.MustWorkflow("queued", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("bad", func(ctx context.Context, tx atomicphase.Tx, _ *st) (atomicphase.Outcome, error) {
+			tx.Queue(`INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', NULL)`) // phase is NOT NULL
+			return atomicphase.Continue(), nil
+		}),
+		atomicphase.Local("reads", func(ctx context.Context, tx atomicphase.Tx, _ *st) (atomicphase.Outcome, error) {
+			var n int
+			if err := tx.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&n); err != nil {
+				return atomicphase.Outcome{}, err
+			}
+			return atomicphase.Respond(200, nil), nil
+		}),
+	}, nil)
+	_, err := b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/q"})
+	var pe *atomicphase.PhaseError
+	require.ErrorAs(t, err, &pe)
+	require.Equal(t, "bad", pe.Phase)
+	require.ErrorIs(t, err, atomicphase.ErrPermanent, "a NOT NULL violation fails the same way every time")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM effects`))
+}
+
+// Queued statements run in order, before anything the phase (or a later
+// phase of the transaction) sends next: a read sees the queued writes.
+func TestQueuedWritesAreVisibleToLaterReads(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	type st struct {
+		Seen int `json:"seen"`
+	}
+	wf := atomicphase.MustWorkflow("visible", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("write", func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
+			tx.Queue(`INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'one')`)
+			tx.Queue(`INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'two')`)
+			return atomicphase.Continue(), nil
+		}),
+		atomicphase.Local("read", func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
+			if err := tx.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&s.Seen); err != nil {
+				return atomicphase.Outcome{}, err
+			}
+			return atomicphase.Respond(200, []byte{byte('0' + s.Seen)}), nil
+		}),
+	}, nil)
+	resp, err := b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/v"})
+	require.NoError(t, err)
+	require.Equal(t, "2", string(resp.Body))
+}
+
+// A duplicate that arrives while a new key is inside its first, fused
+// transaction waits for that transaction, and no longer: then it is told
+// the key is in progress (the holder is in its foreign call) and nothing
+// it ran speculatively survives.
+func TestDuplicateWaitsOnlyForTheFusedTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var calls sync.Map
+	entered, release := make(chan struct{}), make(chan struct{})
+	var holders atomic.Int32
+	wf := fusedWorkflow(t, &calls, map[string]func(context.Context, atomicphase.Tx) error{
+		"reserve": func(ctx context.Context, tx atomicphase.Tx) error {
+			// An immediate statement sends the key's recording.
+			if _, err := tx.Exec(ctx, `SELECT 1`); err != nil {
+				return err
+			}
+			if holders.Add(1) == 1 {
+				close(entered)
+				<-release
+			}
+			return nil
+		},
+		"charge": func(context.Context, atomicphase.Tx) error { return nil },
+	})
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/f"}
+
+	first := make(chan error, 1)
+	go func() { _, err := b.runner.Run(b.ctx, wf, req); first <- err }()
+	<-entered
+	second := make(chan error, 1)
+	go func() { _, err := b.runner.Run(b.ctx, wf, req); second <- err }()
+	select {
+	case err := <-second:
+		t.Fatalf("the duplicate was answered (%v) while the key's recording was uncommitted", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	require.NoError(t, <-first)
+	err := <-second
+	if err != nil {
+		require.ErrorIs(t, err, atomicphase.ErrInProgress)
+	}
+	_, total := callsMade(&calls)
+	require.Equal(t, int32(1), total)
+	for _, phase := range []string{"prepare", "reserve", "charge", "finish"} {
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE phase = $1`, phase), phase)
+	}
+}
