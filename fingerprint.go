@@ -3,7 +3,6 @@ package atomicphase
 import (
 	"crypto/sha256"
 	"encoding/binary"
-	"io"
 )
 
 // Fingerprint is the SHA-256 of what identifies a request. A key reused with
@@ -36,16 +35,15 @@ func FingerprintOf(method, path string, params []byte) (Fingerprint, error) {
 }
 
 // hashParts hashes each part behind its length, so no two distinct lists of
-// parts collide by concatenation ("ab","c" versus "a","bc").
+// parts collide by concatenation ("ab","c" versus "a","bc"). The parts are
+// laid out in one buffer (on the stack when they are short) and hashed at
+// once: no hasher is allocated.
 func hashParts(parts ...string) [sha256.Size]byte {
-	h := sha256.New()
-	var n [8]byte
+	var stack [512]byte
+	buf := stack[:0]
 	for _, part := range parts {
-		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
-		h.Write(n[:])
-		io.WriteString(h, part)
+		buf = binary.BigEndian.AppendUint64(buf, uint64(len(part)))
+		buf = append(buf, part...)
 	}
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
-	return sum
+	return sha256.Sum256(buf)
 }

@@ -6,12 +6,12 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"net/http"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // The key's lock. A key is held while its locked_at is set and younger than
@@ -41,7 +41,7 @@ type keyRow struct {
 	TookOver       bool     // this acquisition took a stale lock
 	OverLimit      bool     // a new key refused: its scope has too many unfinished keys
 	ResponseStatus *int
-	ResponseHeader http.Header
+	ResponseHeader []byte // JSON text, decoded only for a replay
 	ResponseBody   []byte
 }
 
@@ -59,7 +59,7 @@ const acquireSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_acquire(
 // another request, its stored response, and whether a live attempt holds
 // it. It is the whole of a replay: one primary-key read, written to nothing.
 const peekSQL = `
-SELECT workflow, fingerprint, response_status, response_header, response_body,
+SELECT workflow = $4::text AND fingerprint = $5::bytea, response_status, response_header::text, response_body,
        /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($3)),
        extract(epoch FROM locked_at - /* TEMPLATE: schema */atomicphase_stale_before($3))::float8
 FROM /* TEMPLATE: schema */idempotency_keys
@@ -99,19 +99,37 @@ RETURNING downstream_salt::text`
 // peeked is what peekSQL read about an existing key.
 type peeked struct {
 	keyRow
+	// same is true when the key was recorded for this workflow and a
+	// request with this fingerprint (compared by the server, so neither
+	// travels back).
+	same     bool
 	takeable bool
 }
 
 // peek reads the request's key on conn. found is false when the key does
 // not exist.
-func (r *Runner) peek(ctx context.Context, conn *pgx.Conn, req *Request) (p peeked, found bool, err error) {
-	err = conn.QueryRow(ctx, r.sql.peek, req.Scope, req.Key, r.cfg.LockTimeout.Microseconds()).
-		Scan(&p.Workflow, &p.Fingerprint, &p.ResponseStatus, &p.ResponseHeader, &p.ResponseBody,
-			&p.takeable, &p.LockExpiresIn)
+//
+// It is the whole of a replay, so it scans into values rather than
+// pointers, and takes the lock timeout boxed once (r.lockTimeoutArg).
+func (r *Runner) peek(ctx context.Context, conn *pgx.Conn, req *Request, workflow string, fp *Fingerprint) (p peeked, found bool, err error) {
+	var status pgtype.Int4
+	var expiresIn pgtype.Float8
+	err = conn.QueryRow(ctx, r.sql.peek, req.Scope, req.Key, r.lockTimeoutArg, workflow, fp[:]).
+		Scan(&p.same, &status, &p.ResponseHeader, &p.ResponseBody, &p.takeable, &expiresIn)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return p, false, nil
 	}
-	return p, err == nil, err
+	if err != nil {
+		return p, false, err
+	}
+	if status.Valid {
+		s := int(status.Int32)
+		p.ResponseStatus = &s
+	}
+	if expiresIn.Valid {
+		p.LockExpiresIn = &expiresIn.Float64
+	}
+	return p, true, nil
 }
 
 // recording is a new key's recording, sent at the head of the first

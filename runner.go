@@ -20,6 +20,10 @@ type Runner struct {
 	cfg  Config
 	sql  statements
 
+	// lockTimeoutArg is the lock timeout in microseconds, boxed once for
+	// the statements that take it.
+	lockTimeoutArg any
+
 	mu        sync.RWMutex
 	workflows map[string]AnyWorkflow
 }
@@ -36,7 +40,8 @@ func NewRunner(pool *pgxpool.Pool, config *Config) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runner{pool: pool, cfg: cfg, sql: newStatements(cfg.Schema), workflows: map[string]AnyWorkflow{}}, nil
+	return &Runner{pool: pool, cfg: cfg, sql: newStatements(cfg.Schema), lockTimeoutArg: cfg.LockTimeout.Microseconds(),
+		workflows: map[string]AnyWorkflow{}}, nil
 }
 
 // Register makes workflows resumable by name with Resume. Run registers the
@@ -115,16 +120,12 @@ func (r *Runner) Run(ctx context.Context, wf AnyWorkflow, req Request) (*Respons
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	}
-	state, err := wf.initialState(&req)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
-	}
 	if err := r.register(wf); err != nil {
 		return nil, err
 	}
 	ctx, end := r.span(ctx, Span{Kind: SpanRequest, Workflow: wf.Name(), Scope: req.Scope, Key: req.Key})
 	defer endOnPanic(end)
-	resp, err := r.acquireAndRun(ctx, wf, &req, fp, state)
+	resp, err := r.acquireAndRun(ctx, wf, &req, fp)
 	end(err)
 	return resp, err
 }
@@ -145,22 +146,30 @@ func endOnPanic(end func(error)) {
 // transaction (see recordAndRun). Any other key, and every key of a
 // workflow that begins with a foreign phase, is acquired by one statement
 // that decides every case.
-func (r *Runner) acquireAndRun(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, state []byte) (*Response, error) {
+//
+// The initial state is built (the input decoded, the start function run)
+// only once the key is known to be new or unfinished: a replay needs none.
+func (r *Runner) acquireAndRun(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint) (*Response, error) {
 	if err := r.fault(ctx, wf.Name(), "", BeforeAcquire, nil); err != nil {
 		return nil, err
 	}
 	if first := &wf.phaseSteps()[0]; first.call == nil && !first.alone && (first.isolation == "" || first.isolation == pgx.ReadCommitted) {
-		resp, err, done := r.recordAndRun(ctx, wf, req, fp, state)
+		resp, err, done := r.recordAndRun(ctx, wf, req, fp)
 		if done {
 			return resp, err
 		}
+	}
+	state, err := initialState(wf, req)
+	if err != nil {
+		return nil, err
 	}
 	row, err := r.acquire(ctx, req, wf.Name(), fp, state, newLockToken())
 	if err != nil {
 		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)
 	}
 	if !row.Acquired {
-		return r.refused(ctx, row, wf.Name(), req, fp)
+		mismatch := row.Workflow != wf.Name() || !bytes.Equal(row.Fingerprint, fp[:])
+		return r.refused(ctx, row, mismatch, wf.Name(), req)
 	}
 	e := Event{Workflow: wf.Name(), Scope: req.Scope, Key: req.Key}
 	switch {
@@ -180,23 +189,28 @@ func (r *Runner) acquireAndRun(ctx context.Context, wf AnyWorkflow, req *Request
 // first phases commit together. done is false when the key exists and may
 // be taken (a failed or abandoned attempt's), or was recorded meanwhile by
 // another attempt: the caller then acquires it as any other.
-func (r *Runner) recordAndRun(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, state []byte) (resp *Response, err error, done bool) {
+func (r *Runner) recordAndRun(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint) (resp *Response, err error, done bool) {
 	pc, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return nil, r.storeFailed(ctx, wf, req, "acquire key", err), true
 	}
-	p, found, err := r.peek(ctx, pc.Conn(), req)
+	p, found, err := r.peek(ctx, pc.Conn(), req, wf.Name(), &fp)
 	if err != nil {
 		pc.Release()
 		return nil, r.storeFailed(ctx, wf, req, "acquire key", err), true
 	}
 	if found {
 		pc.Release()
-		if p.ResponseStatus != nil || !p.takeable || p.Workflow != wf.Name() || !bytes.Equal(p.Fingerprint, fp[:]) {
-			resp, err := r.refused(ctx, &p.keyRow, wf.Name(), req, fp)
+		if p.ResponseStatus != nil || !p.takeable || !p.same {
+			resp, err := r.refused(ctx, &p.keyRow, !p.same, wf.Name(), req)
 			return resp, err, true
 		}
 		return nil, nil, false
+	}
+	state, err := initialState(wf, req)
+	if err != nil {
+		pc.Release()
+		return nil, err, true
 	}
 	token := newLockToken()
 	a := &attempt{r: r, wf: wf, scope: req.Scope, key: req.Key, token: token, attempts: 1, fresh: true,
@@ -212,6 +226,16 @@ func (r *Runner) recordAndRun(ctx context.Context, wf AnyWorkflow, req *Request,
 	return resp, err, true
 }
 
+// initialState builds a request's initial state: ErrInvalidRequest when
+// the input does not decode or the start function refuses it.
+func initialState(wf AnyWorkflow, req *Request) ([]byte, error) {
+	state, err := wf.initialState(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	}
+	return state, nil
+}
+
 // storeFailed reports a failed statement on the key store, before any
 // phase ran.
 func (r *Runner) storeFailed(ctx context.Context, wf AnyWorkflow, req *Request, what string, err error) error {
@@ -223,16 +247,20 @@ func (r *Runner) storeFailed(ctx context.Context, wf AnyWorkflow, req *Request, 
 // refused explains, and reports, an acquisition that did not take the
 // key: a key first used with another request, a finished key (replayed), a
 // new key over its scope's limit, or a key another attempt holds.
-func (r *Runner) refused(ctx context.Context, row *keyRow, workflow string, req *Request, fp Fingerprint) (*Response, error) {
+func (r *Runner) refused(ctx context.Context, row *keyRow, mismatch bool, workflow string, req *Request) (*Response, error) {
 	e := Event{Workflow: workflow, Scope: req.Scope, Key: req.Key}
 	var resp *Response
 	var err error
 	switch {
-	case row.Workflow != workflow || !bytes.Equal(row.Fingerprint, fp[:]):
+	case mismatch:
 		e.Kind, err = EventKeyMisuse, ErrFingerprintMismatch
 	case row.ResponseStatus != nil:
 		e.Kind = EventReplay
-		resp = &Response{Status: *row.ResponseStatus, Header: row.ResponseHeader, Body: row.ResponseBody, Replayed: true}
+		resp = &Response{Status: *row.ResponseStatus, Body: row.ResponseBody, Replayed: true}
+		if resp.Header, err = decodeHeader(row.ResponseHeader); err != nil {
+			e.Kind, resp = EventStoreError, nil
+			err = storeError("decode the stored response's header", err)
+		}
 	case row.OverLimit:
 		e.Kind, err = EventOverLimit, &TooManyKeysError{Limit: r.cfg.MaxUnfinishedPerScope, RetryAfter: time.Second}
 	default:
