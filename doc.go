@@ -16,18 +16,22 @@
 //		ChargeID string `json:"charge_id"`
 //	}
 //
-//	var createRide = atomicphase.MustWorkflow("create_ride", []atomicphase.Phase[ride]{
+//	var createRide = atomicphase.MustWorkflow("create_ride", startRide, []atomicphase.Phase[ride]{
 //		atomicphase.Local("create_ride", insertRide),          // database only
 //		atomicphase.Foreign("charge", chargeCard, recordCharge), // one foreign call
 //		atomicphase.Local("send_receipt", stageReceipt),       // responds
 //	}, nil)
 //
-// A Local phase gets the phase's pgx.Tx and *S. A Foreign phase makes its one
-// call with no transaction or pooled connection held, through a
-// ForeignCall that carries a downstream idempotency key derived from the
-// workflow, scope, key and phase; then its record function stores the result
-// in the phase's transaction. A phase returns Continue (the default), JumpTo
-// a later phase, or Respond with the final status and body.
+// A Local phase gets the phase's transaction (a Tx: a pgx.Tx plus Queue, for
+// writes sent with the commit) and *S. A Foreign phase makes its one call
+// with no transaction or pooled connection held, through a ForeignCall that
+// carries a downstream idempotency key derived from the workflow, scope, key
+// and phase; then its record function stores the result in the phase's
+// transaction. A phase returns Continue (the default), JumpTo a later phase,
+// or Respond with the final status and body. Consecutive local phases, and a
+// foreign phase's record step with the local phases after it, share one
+// transaction (phase fusion): a request commits once per foreign call, plus
+// once.
 //
 // # Running a request
 //
@@ -40,9 +44,10 @@
 //		Method: "POST", Path: "/rides", Params: body,
 //	})
 //
-// The first attempt records the key (one round trip), runs the phases and
-// stores the response with the last one. A concurrent attempt gets
-// ErrInProgress at once; a finished key replays (resp.Replayed); a key reused
+// The first attempt reads the key (one round trip), records it with its
+// first phase, runs the phases and stores the response with the last one. A
+// concurrent attempt gets ErrInProgress (at once, or once the first
+// transaction commits); a finished key replays (resp.Replayed); a key reused
 // with another request gets ErrFingerprintMismatch. A phase that fails rolls
 // back and unlocks the key, and the next attempt resumes at that phase. An
 // attempt that died holding the lock is taken over after Config.LockTimeout,

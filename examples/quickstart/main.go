@@ -195,8 +195,9 @@ func newOrderWorkflow(paymentsURL string) *atomicphase.Workflow[order] {
 			o.ChargeID = ch.ID
 			return nil
 		}, func(ctx context.Context, tx atomicphase.Tx, o *order) (atomicphase.Outcome, error) {
-			_, err := tx.Exec(ctx, `UPDATE quickstart_orders SET charge_id = $1 WHERE id = $2`, o.ChargeID, o.OrderID)
-			return atomicphase.Continue(), err
+			// Queued: sent with the commit, no round trip of its own.
+			tx.Queue(`UPDATE quickstart_orders SET charge_id = $1 WHERE id = $2`, o.ChargeID, o.OrderID)
+			return atomicphase.Continue(), nil
 		}),
 		atomicphase.Local("confirm", func(ctx context.Context, tx atomicphase.Tx, o *order) (atomicphase.Outcome, error) {
 			body, err := json.Marshal(map[string]any{"order_id": o.OrderID, "charge_id": o.ChargeID})
