@@ -82,20 +82,6 @@ RETURNING downstream_salt::text`
 // ownedBySQL reports whether a key holds the lock token $3.
 const ownedBySQL = `SELECT lock_token = $3 FROM /* TEMPLATE: schema */idempotency_keys WHERE scope = $1 AND idempotency_key = $2`
 
-// recordCappedSQL is recordSQL under Config.MaxUnfinishedPerScope ($9): it
-// also records nothing while the scope has that many unfinished keys (the
-// acquisition that follows reports it).
-const recordCappedSQL = `
-INSERT INTO /* TEMPLATE: schema */idempotency_keys
-    (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, lock_token, locked_at)
-SELECT $1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, now()
-WHERE (SELECT count(*) FROM (
-          SELECT 1 FROM /* TEMPLATE: schema */idempotency_keys u
-          WHERE u.scope = $1::text AND u.response_status IS NULL AND u.parked_at IS NULL
-          LIMIT $9::integer) AS capped) < $9::integer
-ON CONFLICT (scope, idempotency_key) DO NOTHING
-RETURNING downstream_salt::text`
-
 // peeked is what peekSQL read about an existing key.
 type peeked struct {
 	keyRow
@@ -143,14 +129,13 @@ type recording struct {
 	fp    Fingerprint
 	state []byte
 	// sent and recorded say how its latest sending went: recorded is
-	// false when the key existed (or its scope was over its limit).
+	// false when the key existed.
 	sent, recorded bool
-	// announced is set once the key's creation was reported.
+	// announced is set once the key's creation was reported (when the
+	// transaction that recorded it committed).
 	announced bool
 	// salt is the new row's downstream salt.
 	salt string
-	// onRecorded, when set, is called once the key is known recorded.
-	onRecorded func()
 }
 
 // errNotRecorded stops a transaction whose recording found the key
@@ -169,22 +154,13 @@ func (rec *recording) read(br pgx.BatchResults) error {
 		return err
 	}
 	rec.recorded = true
-	if !rec.announced && rec.onRecorded != nil {
-		rec.onRecorded()
-	}
-	rec.announced = true
 	return nil
 }
 
 // newRecording makes the recording of req's key under token.
 func (r *Runner) newRecording(req *Request, workflow string, fp Fingerprint, state []byte, token int64) *recording {
-	rec := &recording{sql: r.sql.record, req: req, fp: fp, state: state,
+	return &recording{sql: r.sql.record, req: req, fp: fp, state: state,
 		args: []any{req.Scope, req.Key, workflow, fp[:], req.Method, req.Path, state, token}}
-	if limit := r.maxUnfinished(); limit != nil {
-		rec.sql = r.sql.recordCapped
-		rec.args = append(rec.args, *limit)
-	}
-	return rec
 }
 
 // takeSQL takes an unfinished key that is unlocked or stale, without a

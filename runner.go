@@ -153,7 +153,7 @@ func (r *Runner) acquireAndRun(ctx context.Context, wf AnyWorkflow, req *Request
 	if err := r.fault(ctx, wf.Name(), "", BeforeAcquire, nil); err != nil {
 		return nil, err
 	}
-	if first := &wf.phaseSteps()[0]; first.call == nil && !first.alone && (first.isolation == "" || first.isolation == pgx.ReadCommitted) {
+	if r.fusesRecording(wf) {
 		resp, err, done := r.recordAndRun(ctx, wf, req, fp)
 		if done {
 			return resp, err
@@ -182,6 +182,18 @@ func (r *Runner) acquireAndRun(ctx context.Context, wf AnyWorkflow, req *Request
 	}
 	r.observe(ctx, e)
 	return newAttempt(r, wf, req.Scope, req.Key, row).run(ctx, row)
+}
+
+// fusesRecording reports whether a new key of wf is recorded in its first
+// phase's transaction: when the workflow begins with a local phase, at READ
+// COMMITTED (a recording is never retried for a serialization failure), and
+// without a cap on unfinished keys per scope (Config.MaxUnfinishedPerScope
+// counts committed keys: a key still inside its first transaction would not
+// count, and a caller could start any number of them at once).
+func (r *Runner) fusesRecording(wf AnyWorkflow) bool {
+	first := &wf.phaseSteps()[0]
+	return first.call == nil && !first.alone && (first.isolation == "" || first.isolation == pgx.ReadCommitted) &&
+		r.cfg.MaxUnfinishedPerScope <= 0
 }
 
 // recordAndRun reads the key and, when it is new, runs the workflow with
@@ -215,9 +227,6 @@ func (r *Runner) recordAndRun(ctx context.Context, wf AnyWorkflow, req *Request,
 	token := newLockToken()
 	a := &attempt{r: r, wf: wf, scope: req.Scope, key: req.Key, token: token, attempts: 1, fresh: true,
 		resumedFrom: RecoveryPointStarted, conn: pc, rec: r.newRecording(req, wf.Name(), fp, state, token)}
-	a.rec.onRecorded = func() {
-		r.observe(ctx, Event{Kind: EventCreated, Workflow: wf.Name(), Scope: req.Scope, Key: req.Key})
-	}
 	defer a.parkOnPanic(ctx)
 	resp, err = a.loop(ctx, 0, state)
 	if errors.Is(err, errNotRecorded) {

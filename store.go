@@ -18,21 +18,20 @@ import (
 // and unlocking in lock.go, the checkpoint in recovery_point.go, inspection
 // and the schema check here.
 type statements struct {
-	acquire, peek, record, recordCapped, ownedBy, take, release, checkpoint, inspect, checkSchema string
+	acquire, peek, record, ownedBy, take, release, checkpoint, inspect, checkSchema string
 }
 
 func newStatements(schema string) statements {
 	return statements{
-		acquire:      renderSQL(acquireSQL, schema),
-		peek:         renderSQL(peekSQL, schema),
-		record:       renderSQL(recordSQL, schema),
-		ownedBy:      renderSQL(ownedBySQL, schema),
-		recordCapped: renderSQL(recordCappedSQL, schema),
-		take:         renderSQL(takeSQL, schema),
-		release:      renderSQL(releaseSQL, schema),
-		checkpoint:   renderSQL(checkpointSQL, schema),
-		inspect:      renderSQL(inspectSQL, schema),
-		checkSchema:  checkSchemaSQL,
+		acquire:     renderSQL(acquireSQL, schema),
+		peek:        renderSQL(peekSQL, schema),
+		record:      renderSQL(recordSQL, schema),
+		ownedBy:     renderSQL(ownedBySQL, schema),
+		take:        renderSQL(takeSQL, schema),
+		release:     renderSQL(releaseSQL, schema),
+		checkpoint:  renderSQL(checkpointSQL, schema),
+		inspect:     renderSQL(inspectSQL, schema),
+		checkSchema: checkSchemaSQL,
 	}
 }
 

@@ -64,6 +64,10 @@ func (a *attempt) failed(pr phaseRun, err error) {
 type unitError struct {
 	phase string
 	err   error
+	// mayHaveCommitted is set when the unit's transaction committed, or
+	// may have (its commit's answer was lost): nothing of it may then be
+	// committed again.
+	mayHaveCommitted bool
 }
 
 // loop runs the workflow from phase idx with state, unit by unit, until a
@@ -111,12 +115,14 @@ func (a *attempt) failUnit(ctx context.Context, first int, state []byte, ue *uni
 	switch ours, err := a.recordAlone(ctx); {
 	case err != nil:
 		a.log(ctx, slog.LevelWarn, "atomicphase: recording a failed attempt's key failed", "error", err)
+		// Its answer may be what was lost: unlock by the token, best effort.
+		_ = a.r.unlock(ctx, a.scope, a.key, a.token)
 		return ue.err
 	case !ours:
 		return errNotRecorded
 	}
 	steps := a.wf.phaseSteps()
-	if st := &steps[first]; st.call != nil && ue.phase != st.name && !errors.Is(ue.err, ErrLockLost) {
+	if st := &steps[first]; st.call != nil && ue.phase != st.name && !ue.mayHaveCommitted && !errors.Is(ue.err, ErrLockLost) {
 		// Even when ctx has ended: the call went out, and its result is
 		// worth keeping.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
@@ -152,13 +158,14 @@ func (a *attempt) recordAlone(ctx context.Context) (ours bool, err error) {
 		// lost, if the key holds its lock token.
 		err = a.r.pool.QueryRow(ctx, a.r.sql.ownedBy, a.scope, a.key, a.token).Scan(&ours)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return false, nil // over the scope's limit
+			return false, nil // recorded and gone again (forgotten, reaped)
 		}
 		return ours, err
 	case err != nil:
 		return false, err
 	}
 	if !rec.announced {
+		rec.announced = true
 		a.r.observe(ctx, Event{Kind: EventCreated, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key})
 	}
 	a.salt = rec.salt
@@ -251,6 +258,9 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 		p := recover()
 		if p != nil {
 			a.failed(pr, fmt.Errorf("panic: %v", p))
+			for _, done := range ran {
+				done.end(fmt.Errorf("atomicphase: rolled back with phase %q, which shares its transaction", pr.name))
+			}
 		}
 		switch {
 		case ue != nil && errors.Is(ue.err, ErrCrashed) && p == nil:
@@ -320,19 +330,27 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 			return fail(st.name, err)
 		}
 		if err := a.commit(pr.ctx, pc.Conn(), tx, cp); err != nil {
-			return fail(st.name, err)
+			res, ue := fail(st.name, err)
+			ue.mayHaveCommitted = answerMayBeLost(err)
+			return res, ue
 		}
 		committed = true
-		if a.rec != nil {
-			a.salt = a.rec.salt
+		if rec := a.rec; rec != nil {
+			// The key is recorded now, not when its INSERT answered: a
+			// transaction that rolls back records nothing.
+			a.salt = rec.salt
 			a.rec = nil
+			if !rec.announced {
+				rec.announced = true
+				a.r.observe(ctx, Event{Kind: EventCreated, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key})
+			}
 		}
 		for _, done := range ran {
 			a.committed(done)
 		}
 		a.committed(pr)
 		if err := a.fault(ctx, st.name, AfterCommit, pc.Conn()); err != nil {
-			return res, &unitError{phase: st.name, err: err}
+			return res, &unitError{phase: st.name, err: err, mayHaveCommitted: true}
 		}
 		return res, nil
 	}
