@@ -1,0 +1,230 @@
+package atomicphase_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/atomicphasetest"
+	"github.com/atomicphase/atomicphase/faultinject"
+)
+
+// rewindState is the state of rewindWorkflow.
+type rewindState struct {
+	ChargeID string `json:"charge_id"`
+	ShipID   string `json:"ship_id"`
+}
+
+// rewindWorkflow is prepare (local) → charge (foreign, whose record step
+// writes) → ledger (local, fused with charge's record step) → ship
+// (foreign) → finish (local, responds). Every local body writes one effects
+// row named after its phase.
+func rewindWorkflow(t *testing.T, calls *atomic.Int32) *atomicphase.Workflow[rewindState] {
+	t.Helper()
+	write := func(name string) atomicphase.LocalFunc[rewindState] {
+		return func(ctx context.Context, tx atomicphase.Tx, s *rewindState) (atomicphase.Outcome, error) {
+			tx.Queue(`INSERT INTO effects (scope, key, phase, note) VALUES ('u', 'k', $1, $2)`, name, s.ChargeID)
+			if name == "finish" {
+				return atomicphase.Respond(201, []byte(s.ChargeID+"/"+s.ShipID)), nil
+			}
+			return atomicphase.Continue(), nil
+		}
+	}
+	wf, err := atomicphase.NewWorkflow("rewind", startEmpty[rewindState], []atomicphase.Phase[rewindState]{
+		atomicphase.Local("prepare", write("prepare")),
+		atomicphase.Foreign("charge", func(ctx context.Context, call *atomicphase.ForeignCall, s *rewindState) error {
+			return call.Do(ctx, func(_ context.Context, key string) error {
+				calls.Add(1)
+				s.ChargeID = "ch_" + key[:8]
+				return nil
+			})
+		}, write("charge")),
+		atomicphase.Local("ledger", write("ledger")),
+		atomicphase.Foreign("ship", func(ctx context.Context, call *atomicphase.ForeignCall, s *rewindState) error {
+			return call.Do(ctx, func(_ context.Context, key string) error {
+				s.ShipID = "sh_" + key[:8]
+				return nil
+			})
+		}, nil),
+		atomicphase.Local("finish", write("finish")),
+	}, nil)
+	require.NoError(t, err)
+	return wf
+}
+
+// When the commit of a unit that began with a foreign phase's record step
+// reaches the server but its acknowledgement is lost, failUnit commits the
+// record step "on its own" a second time: the key's recovery point is
+// moved back from the unit's last phase to the foreign phase, the record
+// step's writes are committed twice, and the retry runs the fused local
+// phase again. Every local phase's writes must commit exactly once.
+func TestReviewLostAckOfAFusedUnitDoesNotRewindTheKey(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		rule faultinject.Rule
+	}{
+		{"lose-commit-ack", faultinject.Rule{Phase: "ledger", Place: atomicphase.BeforeCommit, Action: faultinject.LoseCommitAck}},
+		{"error-after-commit", faultinject.Rule{Phase: "ledger", Place: atomicphase.AfterCommit, Action: faultinject.Error}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			opts := *testDBOpts
+			opts.PoolConfig = func(cfg *pgxpool.Config) { faultinject.InstallDialer(cfg.ConnConfig) }
+			db := atomicphasetest.NewDB(t, &opts)
+			runner, err := atomicphase.NewRunner(db.Pool, &atomicphase.Config{FaultInjector: faultinject.New(tc.rule)})
+			require.NoError(t, err)
+			b := &testBundle{db: db, runner: runner, ctx: context.Background()}
+			var calls atomic.Int32
+			wf := rewindWorkflow(t, &calls)
+			req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/r"}
+
+			_, err = runner.Run(b.ctx, wf, req)
+			require.Error(t, err, "the attempt does not know its commit happened")
+			info, err := runner.Inspect(b.ctx, "u", "k")
+			require.NoError(t, err)
+			assert.Equal(t, "ledger", info.RecoveryPoint,
+				"the unit charge+ledger committed; nothing may move the key back to an earlier phase")
+			assert.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE phase = 'charge'`),
+				"the charge record step's writes committed once")
+
+			ageLocks(t, b)
+			resp, err := runner.Run(b.ctx, wf, req)
+			require.NoError(t, err)
+			require.Equal(t, 201, resp.Status)
+			for _, phase := range []string{"prepare", "charge", "ledger", "finish"} {
+				assert.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE phase = $1`, phase), phase)
+			}
+			require.EqualValues(t, 1, calls.Load())
+		})
+	}
+}
+
+// holdState is the state of holdWorkflow.
+type holdState struct{}
+
+// holdWorkflow's first local phase sends a statement (so the key's recording
+// is on the server, uncommitted), then runs hold; its next phase responds.
+func holdWorkflow(name string, hold func(ctx context.Context) error, opts ...*atomicphase.WorkflowOpts) *atomicphase.Workflow[holdState] {
+	var o *atomicphase.WorkflowOpts
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	return atomicphase.MustWorkflow(name, startEmpty[holdState], []atomicphase.Phase[holdState]{
+		atomicphase.Local("first", func(ctx context.Context, tx atomicphase.Tx, _ *holdState) (atomicphase.Outcome, error) {
+			if _, err := tx.Exec(ctx, `SELECT 1`); err != nil {
+				return atomicphase.Outcome{}, err
+			}
+			if err := hold(ctx); err != nil {
+				return atomicphase.Outcome{}, err
+			}
+			return atomicphase.Continue(), nil
+		}),
+		atomicphase.Local("done", func(context.Context, atomicphase.Tx, *holdState) (atomicphase.Outcome, error) {
+			return atomicphase.Respond(200, []byte("ok")), nil
+		}),
+	}, o)
+}
+
+// MaxUnfinishedPerScope is "a defence against a caller spraying keys by the
+// thousand". With phase fusion a new key is not counted until its first
+// transaction commits, so keys sent one after the other (each started only
+// once the one before it is running) all pass the cap while their first
+// phases run: the cap bounds nothing for a workflow whose first phase
+// takes time. Before fusion the key was committed by atomicphase_acquire
+// before any phase ran, and the third key got ErrTooManyKeys.
+func TestReviewScopeCapHoldsForNewKeysStartedOneAfterAnother(t *testing.T) {
+	t.Parallel()
+	t.Run("fused", func(t *testing.T) { t.Parallel(); scopeCapRun(t, nil) })
+	t.Run("commit-each-phase", func(t *testing.T) {
+		t.Parallel()
+		scopeCapRun(t, &atomicphase.WorkflowOpts{CommitEachPhase: true})
+	})
+}
+
+func scopeCapRun(t *testing.T, wopts *atomicphase.WorkflowOpts) {
+	opts := *testDBOpts
+	opts.PoolConfig = func(cfg *pgxpool.Config) { cfg.MaxConns = 16 } // one connection per running key
+	b := setupDB(t, &opts, &atomicphase.Config{MaxUnfinishedPerScope: 2})
+	entered := make(chan struct{}, 16)
+	release := make(chan struct{})
+	wf := holdWorkflow("capped", func(ctx context.Context) error {
+		entered <- struct{}{}
+		<-release
+		return nil
+	}, wopts)
+	const n = 6
+	results := make([]chan error, n)
+	running, refused := 0, 0
+	var ran []int
+	for i := range n {
+		results[i] = make(chan error, 1)
+		go func() {
+			_, err := b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: fmt.Sprint("k", i), Method: "POST", Path: "/c"})
+			results[i] <- err
+		}()
+		// The next key is sent only once this one is running, or was refused.
+		select {
+		case <-entered:
+			running++
+			ran = append(ran, i)
+		case err := <-results[i]:
+			require.ErrorIs(t, err, atomicphase.ErrTooManyKeys)
+			refused++
+		}
+	}
+	close(release)
+	for _, i := range ran {
+		require.NoError(t, <-results[i])
+	}
+	t.Logf("%d of %d new keys ran in a scope capped at 2; %d refused", running, n, refused)
+	assert.LessOrEqual(t, running, 2, "more keys ran at once than MaxUnfinishedPerScope allows")
+}
+
+// EventCreated ("a new key was recorded") is reported when the recording's
+// INSERT answers, before its transaction commits. When the first unit then
+// rolls back and a duplicate that was waiting on the uncommitted row
+// records the key itself, the key is reported created twice
+// (atomicphase.reserve.created counts 2 for one key).
+func TestReviewCreatedIsReportedOncePerKey(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	b := setup(t, &atomicphase.Config{Observer: rec})
+	entered, release := make(chan struct{}), make(chan struct{})
+	var runs atomic.Int32
+	wf := holdWorkflow("created", func(ctx context.Context) error {
+		if runs.Add(1) == 1 {
+			close(entered)
+			<-release
+			return errors.New("transient")
+		}
+		return nil
+	})
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/c"}
+	first, second := make(chan error, 1), make(chan error, 1)
+	go func() { _, err := b.runner.Run(b.ctx, wf, req); first <- err }()
+	<-entered
+	go func() { _, err := b.runner.Run(b.ctx, wf, req); second <- err }()
+	time.Sleep(300 * time.Millisecond) // the duplicate waits on the uncommitted recording
+	close(release)
+	err1, err2 := <-first, <-second
+	t.Logf("first: %v; second: %v", err1, err2)
+
+	created := 0
+	rec.mu.Lock()
+	for _, e := range rec.events {
+		if e.Kind == atomicphase.EventCreated && e.Key == "k" {
+			created++
+		}
+	}
+	rec.mu.Unlock()
+	assert.Equal(t, 1, created, "one key, recorded once, reported created %d times", created)
+}
