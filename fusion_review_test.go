@@ -381,3 +381,37 @@ func TestReviewConcurrentDuplicatesUnderFailures(t *testing.T) {
 		assert.Equal(t, 1, n, "payouts under %s", ref)
 	}
 }
+
+// The fault explorer over a workflow whose fused unit after a call does not
+// respond (charge's record step + ledger): every point × action must end
+// with each phase's writes committed once. The shop scenario the explorer
+// suites use responds in that unit, so they cannot see what a lost commit
+// answer (or an error after the commit) does there.
+func TestReviewExplorerOverAFusedUnitThatDoesNotRespond(t *testing.T) {
+	t.Parallel()
+	atomicphasetest.Explore(t, atomicphasetest.Scenario{
+		Name: "rewind",
+		DB:   testDBOpts,
+		Setup: func(t testing.TB, db *atomicphasetest.DB) *atomicphasetest.Trial {
+			var calls atomic.Int32
+			wf := rewindWorkflow(t.(*testing.T), &calls)
+			return &atomicphasetest.Trial{
+				Attempt: func(ctx context.Context, runner *atomicphase.Runner) (*atomicphase.Response, error) {
+					return runner.Run(ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/r"})
+				},
+				Check: func(ctx context.Context, _ *atomicphase.Response) error {
+					for _, phase := range []string{"prepare", "charge", "ledger", "finish"} {
+						var n int
+						if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE phase = $1`, phase).Scan(&n); err != nil {
+							return err
+						}
+						if n != 1 {
+							return fmt.Errorf("%d %s rows, want 1", n, phase)
+						}
+					}
+					return nil
+				},
+			}
+		},
+	})
+}
