@@ -415,3 +415,46 @@ func TestReviewExplorerOverAFusedUnitThatDoesNotRespond(t *testing.T) {
 		},
 	})
 }
+
+// A request whose first transaction fails keeps its key: the recording is
+// committed on its own with the failure (unit.go: "on an ordinary failure
+// the unit's head (the key's recording) is committed on its own"). But a
+// request reusing the key with other parameters, waiting meanwhile on the
+// uncommitted recording, records the key first once the transaction rolls
+// back: the first request, which arrived first, is then told its own key
+// was used with another request (ErrFingerprintMismatch, final, 422), and
+// the reuse runs. Before fusion the first request's key was committed
+// before any phase ran, and the reuse got 422.
+func TestReviewAFailedFirstTransactionKeepsItsKeyFromAReuse(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	const rounds = 6
+	stolen := 0
+	for i := range rounds {
+		entered, release := make(chan struct{}), make(chan struct{})
+		var runs atomic.Int32
+		wf := holdWorkflow(fmt.Sprint("reuse", i), func(ctx context.Context) error {
+			if runs.Add(1) == 1 {
+				close(entered)
+				<-release
+				return errors.New("transient")
+			}
+			return nil
+		})
+		key := fmt.Sprint("k", i)
+		orig := atomicphase.Request{Scope: "u", Key: key, Method: "POST", Path: "/c", Params: []byte(`{"amount": 1}`)}
+		reuse := atomicphase.Request{Scope: "u", Key: key, Method: "POST", Path: "/c", Params: []byte(`{"amount": 999}`)}
+		first, second := make(chan error, 1), make(chan error, 1)
+		go func() { _, err := b.runner.Run(b.ctx, wf, orig); first <- err }()
+		<-entered
+		go func() { _, err := b.runner.Run(b.ctx, wf, reuse); second <- err }()
+		waitForLockWait(t, b)
+		close(release)
+		err1, err2 := <-first, <-second
+		if errors.Is(err1, atomicphase.ErrFingerprintMismatch) {
+			stolen++
+			t.Logf("round %d: the original request got %v; the reuse got %v", i, err1, err2)
+		}
+	}
+	assert.Zero(t, stolen, "the key went to a later request with other parameters in %d of %d rounds", stolen, rounds)
+}
