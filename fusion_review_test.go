@@ -458,3 +458,34 @@ func TestReviewAFailedFirstTransactionKeepsItsKeyFromAReuse(t *testing.T) {
 	}
 	assert.Zero(t, stolen, "the key went to a later request with other parameters in %d of %d rounds", stolen, rounds)
 }
+
+// A panic in a phase of a fused transaction ends the spans of the phases
+// that ran before it in that transaction (they rolled back with it), as an
+// ordinary failure does: an Observer must see every span it was given end.
+func TestReviewPanicInAFusedTransactionEndsEverySpan(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	b := setup(t, &atomicphase.Config{Observer: rec})
+	type st struct{}
+	wf := atomicphase.MustWorkflow("panics", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("one", func(ctx context.Context, tx atomicphase.Tx, _ *st) (atomicphase.Outcome, error) {
+			tx.Queue(`INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'one')`)
+			return atomicphase.Continue(), nil
+		}),
+		atomicphase.Local("two", func(ctx context.Context, tx atomicphase.Tx, _ *st) (atomicphase.Outcome, error) {
+			panic("bug in two")
+		}),
+	}, nil)
+	func() {
+		defer func() { require.NotNil(t, recover()) }()
+		_, _ = b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/p"})
+	}()
+	info, err := b.runner.Inspect(b.ctx, "u", "k")
+	require.NoError(t, err)
+	assert.Equal(t, atomicphase.KeyParked, info.Status)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for _, s := range rec.spans {
+		assert.True(t, s.ended, "span %s %q never ended", s.span.Kind, s.span.Phase)
+	}
+}
