@@ -489,3 +489,40 @@ func TestReviewPanicInAFusedTransactionEndsEverySpan(t *testing.T) {
 		assert.True(t, s.ended, "span %s %q never ended", s.span.Kind, s.span.Phase)
 	}
 }
+
+// A duplicate speculating on a new key while the holder finishes it, whose
+// phase swallows the error its first statement returns (the key was
+// recorded meanwhile), still answers with the holder's response as a
+// replay, and nothing it wrote survives. (This one holds.)
+func TestReviewASwallowingDuplicateOfAFinishedKeyReplays(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var runs atomic.Int32
+	type st struct{}
+	wf := atomicphase.MustWorkflow("swallow", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("only", func(ctx context.Context, tx atomicphase.Tx, _ *st) (atomicphase.Outcome, error) {
+			n := runs.Add(1)
+			_, _ = tx.Exec(ctx, `INSERT INTO effects (scope, key, phase, note) VALUES ('u', 'k', 'only', $1)`, fmt.Sprint(n)) // error swallowed
+			if n == 1 {
+				close(entered)
+				<-release
+			}
+			return atomicphase.Respond(200, []byte(fmt.Sprint("run ", n))), nil
+		}),
+	}, nil)
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/s"}
+	first, second := make(chan *atomicphase.Response, 1), make(chan *atomicphase.Response, 1)
+	go func() { r, err := b.runner.Run(b.ctx, wf, req); assert.NoError(t, err); first <- r }()
+	<-entered
+	go func() { r, err := b.runner.Run(b.ctx, wf, req); assert.NoError(t, err); second <- r }()
+	waitForLockWait(t, b)
+	close(release)
+	r1, r2 := <-first, <-second
+	require.NotNil(t, r1)
+	require.NotNil(t, r2)
+	require.Equal(t, "run 1", string(r1.Body))
+	require.True(t, r2.Replayed)
+	require.Equal(t, r1.Body, r2.Body)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
+}
