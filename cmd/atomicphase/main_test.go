@@ -110,6 +110,9 @@ func setup(t *testing.T) *testBundle {
 		}
 	}
 	b.exec(t, `UPDATE idempotency_keys SET locked_at = now() - interval '1 hour' WHERE idempotency_key = 'stale-1'`)
+	// The failed key rests in its backoff however slowly this ran: the
+	// backoff after a first failure is a second at most.
+	b.exec(t, `UPDATE idempotency_keys SET next_attempt_at = now() + interval '1 hour' WHERE idempotency_key = 'abandoned-1'`)
 
 	want := map[string]atomicphase.KeyStatus{
 		"finished-1": atomicphase.KeyFinished, "binary-1": atomicphase.KeyFinished,
