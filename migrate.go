@@ -3,6 +3,7 @@ package atomicphase
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -47,6 +48,13 @@ type MigrateOpts struct {
 	// exist. Give the Runner the same value in Config.Schema. Defaults to ""
 	// (the first schema on the connection's search_path, usually public).
 	Schema string
+
+	// Citus, on a Citus coordinator, distributes the key table by scope
+	// and the functions by their scope argument once the migrations are
+	// applied (CitusDistribution; docs/scale.md): on every call, since a
+	// migration may recreate a function. The citus extension must be
+	// created, and the workers registered, first. Defaults to false.
+	Citus bool
 }
 
 func (o *MigrateOpts) schema() string {
@@ -106,7 +114,8 @@ const migrateLockID = 0x61746f6d69637068
 // idempotent and safe to call from several processes at once: a
 // transaction-scoped advisory lock makes them take turns, and each re-reads
 // what is applied after taking it. It returns the versions it applied. opts
-// may be nil for the defaults.
+// may be nil for the defaults; with opts.Citus it then distributes the key
+// table and its functions on a Citus coordinator.
 func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error) {
 	if err := checkSchemaName("MigrateOpts.Schema", opts.schema()); err != nil {
 		return nil, fmt.Errorf("atomicphase: %w", err)
@@ -119,6 +128,13 @@ func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error)
 		}
 		if done {
 			applied = append(applied, m.Version)
+		}
+	}
+	if opts != nil && opts.Citus {
+		if err := distributeOnCitus(ctx, db, opts.schema()); errors.Is(err, ErrNoCitus) {
+			return applied, err
+		} else if err != nil {
+			return applied, fmt.Errorf("atomicphase: distribute on Citus: %w", err)
 		}
 	}
 	return applied, nil
