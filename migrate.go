@@ -169,11 +169,94 @@ func applyMigration(ctx context.Context, db Beginner, schema string, m Migration
 	if exists {
 		return false, nil
 	}
-	if _, err := tx.Exec(ctx, m.Up); err != nil {
-		return false, err
+	// One statement at a time: Citus forwards some DDL on a distributed
+	// table (ALTER TABLE, CREATE INDEX) to the workers as the text the
+	// client sent, which the workers refuse when it holds several.
+	for _, stmt := range splitStatements(m.Up) {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			return false, err
+		}
 	}
 	if _, err := tx.Exec(ctx, renderSQL("INSERT INTO /* TEMPLATE: schema */atomicphase_migration (version, name) VALUES ($1, $2)", schema), m.Version, m.Name); err != nil {
 		return false, err
 	}
 	return true, tx.Commit(ctx)
+}
+
+// splitStatements splits a migration's SQL into its statements, at the
+// semicolons outside comments, quoted strings and identifiers, and
+// dollar-quoted bodies. Comments stay with the statement they precede; a
+// trailing piece with nothing but comments and space is dropped.
+func splitStatements(sql string) []string {
+	var out []string
+	start := 0
+	code := false // the current piece has more than comments and space
+	for i := 0; i < len(sql); {
+		c := sql[i]
+		switch {
+		case c == '-' && strings.HasPrefix(sql[i:], "--"):
+			if j := strings.IndexByte(sql[i:], '\n'); j >= 0 {
+				i += j + 1
+			} else {
+				i = len(sql)
+			}
+			continue
+		case c == '/' && strings.HasPrefix(sql[i:], "/*"):
+			if j := strings.Index(sql[i+2:], "*/"); j >= 0 {
+				i += j + 4
+			} else {
+				i = len(sql)
+			}
+			continue
+		case c == '\'' || c == '"':
+			code = true
+			for i++; i < len(sql); i++ {
+				if sql[i] == c {
+					if i+1 < len(sql) && sql[i+1] == c { // a doubled quote
+						i++
+						continue
+					}
+					break
+				}
+			}
+		case c == '$':
+			if tag := dollarTag(sql[i:]); tag != "" {
+				code = true
+				if j := strings.Index(sql[i+len(tag):], tag); j >= 0 {
+					i += len(tag) + j + len(tag)
+				} else {
+					i = len(sql)
+				}
+				continue
+			}
+			code = true
+		case c == ';':
+			if code {
+				out = append(out, strings.TrimSpace(sql[start:i+1]))
+			}
+			start, code = i+1, false
+		case c != ' ' && c != '\t' && c != '\n' && c != '\r':
+			code = true
+		}
+		i++
+	}
+	if code {
+		out = append(out, strings.TrimSpace(sql[start:]))
+	}
+	return out
+}
+
+// dollarTag returns the dollar-quote opening s, such as $$ or $body$, or
+// "" when s does not start with one.
+func dollarTag(s string) string {
+	for i := 1; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '$':
+			return s[:i+1]
+		case c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || i > 1 && c >= '0' && c <= '9':
+		default:
+			return ""
+		}
+	}
+	return ""
 }

@@ -65,7 +65,7 @@ func TestMigrationsGoDownAndUpAgain(t *testing.T) {
 	ctx := t.Context()
 	migrations := atomicphase.Migrations(nil)
 	for i := len(migrations) - 1; i >= 0; i-- {
-		_, err := db.Pool.Exec(ctx, migrations[i].Down)
+		err := execScript(ctx, db.Pool, migrations[i].Down)
 		require.NoError(t, err)
 	}
 	require.Empty(t, schemaObjects(t, db.Pool, "public"), "the down migrations remove everything but the ledger")
@@ -107,6 +107,20 @@ func schemaObjects(t *testing.T, pool *pgxpool.Pool, schema string) []string {
 	return names
 }
 
+// execScript runs a migration's SQL in one transaction, one statement at a
+// time, as Migrate does: Citus forwards some DDL on a distributed table to
+// the workers as the text sent, which must then hold a single statement.
+func execScript(ctx context.Context, pool *pgxpool.Pool, sql string) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		for _, stmt := range atomicphase.SplitStatements(sql) {
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 func migrationVersions() []int {
 	var vs []int
 	for _, m := range atomicphase.Migrations(nil) {
@@ -134,7 +148,7 @@ func TestLaterMigrationsGoDownAndUpAgain(t *testing.T) {
 
 	var later []int
 	for i := len(migrations) - 1; i >= 1; i-- {
-		_, err = b.db.Pool.Exec(b.ctx, migrations[i].Down)
+		err = execScript(b.ctx, b.db.Pool, migrations[i].Down)
 		require.NoError(t, err, "migration %03d down", migrations[i].Version)
 		later = append([]int{migrations[i].Version}, later...)
 	}
@@ -211,7 +225,7 @@ func TestMigrateIntoSchema(t *testing.T) {
 
 	migrations := atomicphase.Migrations(opts)
 	for i := len(migrations) - 1; i >= 0; i-- {
-		_, err := db.Pool.Exec(ctx, migrations[i].Down)
+		err := execScript(ctx, db.Pool, migrations[i].Down)
 		require.NoError(t, err)
 	}
 	require.Empty(t, schemaObjects(t, db.Pool, "billing"))
@@ -265,10 +279,10 @@ func TestMigration003DownRefusesWhileSaltedKeysAreUnfinished(t *testing.T) {
 	require.Error(t, err)
 	migrations := atomicphase.Migrations(nil)
 	for i := len(migrations) - 1; migrations[i].Version > 3; i-- {
-		_, err = b.db.Pool.Exec(b.ctx, migrations[i].Down)
+		err = execScript(b.ctx, b.db.Pool, migrations[i].Down)
 		require.NoError(t, err)
 	}
-	_, err = b.db.Pool.Exec(b.ctx, migrations[2].Down)
+	err = execScript(b.ctx, b.db.Pool, migrations[2].Down)
 	require.ErrorContains(t, err, "let them finish")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idempotency_keys WHERE downstream_salt IS NOT NULL`), "nothing changed")
 }

@@ -13,7 +13,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
@@ -192,6 +194,25 @@ func (c *citusCluster) createDatabase(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
+	// Four shards per table rather than Citus's 32: two on each of two
+	// workers still place a test's scopes on both, and a database of four
+	// shards a table is quicker to create and cheaper to read across.
+	if _, err := c.admins[0].Exec(ctx, "ALTER DATABASE "+ident+" SET citus.shard_count = "+strconv.Itoa(citusShardCount)); err != nil {
+		return err
+	}
+	// Registering a node copies the roles to it (ALTER ROLE on a worker),
+	// and two registrations at once, for two tests' databases, fail with
+	// "tuple concurrently updated": they take turns, across test processes
+	// too, through an advisory lock in the coordinator's database.
+	lock, err := c.admins[0].Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer lock.Release()
+	if _, err := lock.Exec(ctx, "SELECT pg_advisory_lock($1)", citusRegisterLock); err != nil {
+		return err
+	}
+	defer lock.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", citusRegisterLock) //nolint:errcheck
 	conn, err := pgx.Connect(ctx, c.nodeURL(c.coordinator, name))
 	if err != nil {
 		return err
@@ -211,17 +232,34 @@ func (c *citusCluster) createDatabase(ctx context.Context, name string) error {
 // dropDatabase drops database name on every node, the coordinator's first
 // (its sessions hold connections to the workers').
 func (c *citusCluster) dropDatabase(ctx context.Context, name string) error {
-	drop := "DROP DATABASE IF EXISTS " + pgx.Identifier{name}.Sanitize() + " WITH (FORCE)"
-	if _, err := c.admins[0].Exec(ctx, drop); err != nil {
+	if err := dropOn(ctx, c.admins[0], name); err != nil {
 		return err
 	}
 	return c.onEveryNode(func(i int, admin *pgxpool.Pool) error {
 		if i == 0 {
 			return nil
 		}
-		_, err := admin.Exec(ctx, drop)
-		return err
+		return dropOn(ctx, admin, name)
 	})
+}
+
+// dropOn drops database name through admin. A session that is still
+// closing (a coordinator's connection to a worker, a maintenance daemon
+// starting) can make even a forced drop fail for a moment: it tries again.
+func dropOn(ctx context.Context, admin *pgxpool.Pool, name string) error {
+	drop := "DROP DATABASE IF EXISTS " + pgx.Identifier{name}.Sanitize() + " WITH (FORCE)"
+	for {
+		_, err := admin.Exec(ctx, drop)
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != pgerrcode.ObjectInUse {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 // openCitus is Open in the Citus mode: a database of the test's own on
@@ -274,6 +312,12 @@ func setUpCitus(ctx context.Context, dbURL string, opts *Options) error {
 	}
 	return nil
 }
+
+// citusRegisterLock serialises node registrations ("atomreg" in ASCII).
+const citusRegisterLock = 0x61746f6d726567
+
+// citusShardCount is the shard count of every table a test distributes.
+const citusShardCount = 4
 
 // citusDropTimeout bounds dropping a test's database on every node.
 const citusDropTimeout = time.Minute
