@@ -68,6 +68,19 @@ func quoteLiteral(s string) string {
 // without the citus extension.
 var ErrNoCitus = errors.New("atomicphase: MigrateOpts.Citus is set, but the database has no citus extension (CREATE EXTENSION citus on every node, and register the workers, first)")
 
+// checkCitus returns ErrNoCitus unless the database has the citus
+// extension.
+func checkCitus(ctx context.Context, db Beginner) error {
+	var citus bool
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')`).Scan(&citus)
+	})
+	if err == nil && !citus {
+		err = ErrNoCitus
+	}
+	return err
+}
+
 // distributeOnCitus runs CitusDistribution(schema), distributing the table
 // only when it is not distributed yet; create_distributed_function may be
 // called again on a distributed function, and sets what it is told.
@@ -77,24 +90,37 @@ func distributeOnCitus(ctx context.Context, db Beginner, schema string) error {
 		return err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	var citus, distributed bool
-	err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')`).Scan(&citus)
-	if err != nil {
-		return err
-	}
-	if !citus {
-		return ErrNoCitus
-	}
+	var distributed bool
 	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = $1::regclass)`,
 		qualifiedName(schema, "idempotency_keys")).Scan(&distributed); err != nil {
 		return err
 	}
+	// A function already distributed as it should be is left alone, so
+	// that processes starting together do not all rewrite its metadata.
+	done := map[string]bool{}
+	for _, f := range citusFunctions {
+		var ok bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_dist_object
+			WHERE classid = 'pg_proc'::regclass AND objid = $1::regprocedure
+			  AND distribution_argument_index = 0 AND colocationid = (
+			      SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = $2::regclass)
+			  AND force_delegation IS NOT DISTINCT FROM $3)`,
+			qualifiedName(schema, f.signature), qualifiedName(schema, "idempotency_keys"), f.force).Scan(&ok); err != nil {
+			return err
+		}
+		done[f.signature] = ok
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return err
 	}
-	stmts := CitusDistribution(schema)
-	if distributed {
-		stmts = stmts[1:]
+	var stmts []string
+	for i, sql := range CitusDistribution(schema) {
+		switch {
+		case i == 0 && distributed:
+		case i > 0 && done[citusFunctions[i-1].signature]:
+		default:
+			stmts = append(stmts, sql)
+		}
 	}
 	// Each statement runs on its own, outside a transaction block when db
 	// can (a pool or a connection): in one, Citus creates the shards over

@@ -120,6 +120,11 @@ func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error)
 	if err := checkSchemaName("MigrateOpts.Schema", opts.schema()); err != nil {
 		return nil, fmt.Errorf("atomicphase: %w", err)
 	}
+	if opts != nil && opts.Citus {
+		if err := checkCitus(ctx, db); err != nil {
+			return nil, err
+		}
+	}
 	var applied []int
 	for _, m := range Migrations(opts) {
 		done, err := applyMigration(ctx, db, opts.schema(), m)

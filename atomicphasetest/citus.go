@@ -7,10 +7,12 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgerrcode"
@@ -64,7 +66,12 @@ type citusNode struct {
 type citusCluster struct {
 	url         string
 	coordinator citusNode
-	workers     []citusNode
+	// spares holds databases created ahead (see database).
+	spareMu    sync.Mutex
+	spares     chan string
+	stopSpares context.CancelFunc
+	sparesDone chan struct{}
+	workers    []citusNode
 	// admins connect to the URL's database on the coordinator (first) and
 	// on each worker, in the order of workers.
 	admins []*pgxpool.Pool
@@ -76,7 +83,12 @@ func connectCitus(ctx context.Context, coordURL string) (*citusCluster, error) {
 	if !strings.HasPrefix(coordURL, "postgres://") && !strings.HasPrefix(coordURL, "postgresql://") {
 		return nil, fmt.Errorf("atomicphasetest: %s must be a postgres:// URL", CitusURLEnv)
 	}
-	admin, err := pgxpool.New(ctx, coordURL)
+	cfg, err := pgxpool.ParseConfig(coordURL)
+	if err != nil {
+		return nil, fmt.Errorf("atomicphasetest: %s: %w", CitusURLEnv, err)
+	}
+	cfg.MaxConns = 16 // parallel tests create databases at once
+	admin, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("atomicphasetest: %s: %w", CitusURLEnv, err)
 	}
@@ -136,6 +148,7 @@ func connectCitus(ctx context.Context, coordURL string) (*citusCluster, error) {
 			return fail(fmt.Errorf("worker %s:%d: %w", w.host, w.port, err))
 		}
 	}
+	c.dropOrphans(ctx)
 	return c, nil
 }
 
@@ -150,9 +163,126 @@ func (c *citusCluster) nodeURL(n citusNode, database string) string {
 }
 
 func (c *citusCluster) close() {
+	c.spareMu.Lock()
+	stop, done := c.stopSpares, c.sparesDone
+	c.spareMu.Unlock()
+	if stop != nil {
+		stop()
+		<-done
+	}
 	for _, p := range c.admins {
 		p.Close()
 	}
+}
+
+// Creating a database with the citus extension on every node and the
+// workers registered takes seconds, the same seconds for every test: a
+// goroutine keeps spareDatabases of them ready, created ahead while tests
+// run, and a test that finds none creates its own.
+const spareDatabases = 2
+
+// database returns the name of a new database on every node, registered
+// but not yet migrated: a spare if one is ready, else a new one.
+func (c *citusCluster) database(ctx context.Context) (string, error) {
+	c.spareMu.Lock()
+	if c.spares == nil {
+		fillCtx, stop := context.WithCancel(context.Background())
+		c.spares, c.stopSpares, c.sparesDone = make(chan string, spareDatabases), stop, make(chan struct{})
+		go c.fillSpares(fillCtx)
+	}
+	spares := c.spares
+	c.spareMu.Unlock()
+	select {
+	case name := <-spares:
+		return name, nil
+	default:
+	}
+	name := c.newDatabaseName()
+	return name, c.createDatabase(ctx, name)
+}
+
+// fillSpares keeps c.spares full until ctx ends, then drops what is left
+// in it. A failure is left to the tests, which then create their own and
+// report it.
+func (c *citusCluster) fillSpares(ctx context.Context) {
+	defer close(c.sparesDone)
+	defer func() {
+		for {
+			select {
+			case name := <-c.spares:
+				c.dropQuietly(name)
+			default:
+				return
+			}
+		}
+	}()
+	for ctx.Err() == nil {
+		name := c.newDatabaseName()
+		if err := c.createDatabase(ctx, name); err != nil {
+			c.dropQuietly(name)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		select {
+		case c.spares <- name:
+		case <-ctx.Done():
+			c.dropQuietly(name)
+		}
+	}
+}
+
+// dropQuietly drops a database nobody was given, within citusDropTimeout.
+func (c *citusCluster) dropQuietly(name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), citusDropTimeout)
+	defer cancel()
+	_ = c.dropDatabase(ctx, name)
+}
+
+// newDatabaseName names a test database after the process, so that a later
+// run can tell the databases of a process that died (see dropOrphans).
+func (c *citusCluster) newDatabaseName() string {
+	return fmt.Sprintf("%s%d_%s", citusDatabasePrefix, os.Getpid(), randomHex(6))
+}
+
+// citusDatabasePrefix starts the name of every database the Citus mode
+// creates; the process id and a random suffix follow.
+const citusDatabasePrefix = "atomicphase_test_p"
+
+// dropOrphans drops the databases of test processes that died without
+// dropping theirs (killed, or stopped at a timeout), when the cluster runs
+// on this machine, where a process id can be checked.
+func (c *citusCluster) dropOrphans(ctx context.Context) {
+	if ip := net.ParseIP(c.coordinator.host); c.coordinator.host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return
+	}
+	rows, err := c.admins[0].Query(ctx, "SELECT datname FROM pg_database WHERE starts_with(datname, $1)", citusDatabasePrefix)
+	if err != nil {
+		return
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return
+	}
+	for _, name := range names {
+		pidText, _, _ := strings.Cut(strings.TrimPrefix(name, citusDatabasePrefix), "_")
+		pid, err := strconv.Atoi(pidText)
+		if err != nil || processAlive(pid) {
+			continue
+		}
+		_ = c.dropDatabase(ctx, name)
+	}
+}
+
+// processAlive reports whether a process with id pid runs on this machine.
+func processAlive(pid int) bool {
+	if runtime.GOOS == "windows" { // no signal 0 to ask with: assume it runs
+		return true
+	}
+	p, err := os.FindProcess(pid)
+	return err == nil && p.Signal(syscall.Signal(0)) == nil
 }
 
 // onEveryNode runs f for the coordinator (i 0) and every worker at once,
@@ -266,9 +396,9 @@ func dropOn(ctx context.Context, admin *pgxpool.Pool, name string) error {
 // every node, set up as CitusURLEnv says. connectURL is the coordinator's,
 // or PgBouncer's in front of it.
 func openCitus(ctx context.Context, c *citusCluster, opts *Options, connectURL, mode string) (*DB, error) {
-	name := "atomicphase_test_" + randomHex(8)
+	name, err := c.database(ctx)
 	db := &DB{Name: name, citus: c}
-	if err := c.createDatabase(ctx, name); err != nil {
+	if err != nil {
 		return nil, errors.Join(fmt.Errorf("atomicphasetest: create database %s on Citus: %w", name, err), db.Close())
 	}
 	if err := setUpCitus(ctx, c.nodeURL(c.coordinator, name), opts); err != nil {
