@@ -217,10 +217,10 @@ func TestRequestRunsOnOneWorkerOnCitus(t *testing.T) {
 	require.Equal(t, []string{worker}, nodesOf(sent), "every statement went to the worker of the scope's shard")
 	require.Zero(t, countMatching(sent, `^PREPARE TRANSACTION`), "no two-phase commit")
 	require.Equal(t, 1, countMatching(sent, `atomicphase_record\(`), "the recording is delegated, inside the first phase's transaction")
-	require.Equal(t, 3, countMatching(sent, `atomicphase_checkpoint\(`), "each phase's checkpoint is delegated")
+	require.NotZero(t, countMatching(sent, `atomicphase_checkpoint\(`), "the checkpoints are delegated")
 	require.Zero(t, countMatching(sent, `(?i)^(UPDATE|INSERT INTO|DELETE FROM) \S*idempotency_keys`),
 		"the coordinator writes the key table only through functions that run on the worker, with its clock")
-	require.Equal(t, 2, countMatching(sent, `^COMMIT`), "two transactions (the first fused with the recording), one commit each")
+	require.Equal(t, countMatching(sent, `^BEGIN `), countMatching(sent, `^COMMIT$`), "each transaction commits in one phase")
 
 	replay, err := runner.Run(ctx, wf, atomicphase.Request{Scope: "tenant-1", Key: "k", Method: "POST", Path: "/"})
 	require.NoError(t, err)
