@@ -273,7 +273,7 @@ func TestKillAtEveryFaultPoint(t *testing.T) {
 			require.Len(t, receipts, 1)
 			require.Equal(t, ride.RideID, receipts[0].RideID)
 			require.Equal(t, ride.ChargeID, receipts[0].ChargeID)
-			require.Equal(t, 1, count(t, w.db, "SELECT count(*) FROM river_job"))
+			require.Equal(t, 1, count(t, w.db, app.QueuedReceiptsSQL))
 		})
 	}
 }

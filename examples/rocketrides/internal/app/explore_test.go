@@ -70,7 +70,7 @@ func TestBookingSurvivesEveryFault(t *testing.T) {
 					if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM rides`).Scan(&rides); err != nil {
 						return err
 					}
-					if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = $1`, ReceiptArgs{}.Kind()).Scan(&jobs); err != nil {
+					if err := db.Pool.QueryRow(ctx, QueuedReceiptsSQL).Scan(&jobs); err != nil {
 						return err
 					}
 					if rides != 1 || jobs != 1 {
