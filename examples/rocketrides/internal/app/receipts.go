@@ -148,13 +148,33 @@ func (r *Receipts) Enqueue(ctx context.Context, tx pgx.Tx, ride *Ride) error {
 	return nil
 }
 
-// QueuedReceiptsSQL counts the receipts queued, in the outbox or as River
-// jobs, each once (a receipt is in both for the moment between the relay's
-// insert and its delete).
-const QueuedReceiptsSQL = `SELECT count(DISTINCT key) FROM (
-    SELECT key FROM receipt_outbox
-    UNION ALL
-    SELECT args->>'key' FROM river_job WHERE kind = 'ride_receipt') AS queued`
+// QueuedReceipts counts the receipts queued, in the outbox or as River
+// jobs, each once. It reads the outbox first, then the jobs: the relay
+// inserts a job before it deletes the receipt from the outbox, so a receipt
+// it moves in between is still counted. (One statement reading both would
+// not do on Citus, which reads a distributed and a local table apart.)
+func QueuedReceipts(ctx context.Context, db interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}) (int, error) {
+	keys := map[string]bool{}
+	for _, sql := range []string{
+		`SELECT key FROM receipt_outbox`,
+		`SELECT args->>'key' FROM river_job WHERE kind = 'ride_receipt'`,
+	} {
+		rows, err := db.Query(ctx, sql)
+		if err != nil {
+			return 0, err
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return 0, err
+		}
+		for _, k := range got {
+			keys[k] = true
+		}
+	}
+	return len(keys), nil
+}
 
 // relaySQL reads the oldest queued receipts; on Citus, from every shard.
 const relaySQL = `SELECT rider, ride_id, recipient, charge_id, key FROM receipt_outbox
