@@ -163,8 +163,13 @@ func OnCitus(ctx context.Context, conn *pgx.Conn) (bool, error) {
 // statement at a time outside a transaction block, as Citus prefers.
 func distribute(ctx context.Context, conn *pgx.Conn) error {
 	for _, d := range distribution {
+		// Placed means distributed (hash) or a reference table: making
+		// users a reference table turns the tables referencing it into
+		// Citus local tables, on the coordinator, which still need
+		// distributing.
 		var placed bool
-		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = $1::regclass)`,
+		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_dist_partition
+			WHERE logicalrelid = $1::regclass AND (partmethod = 'h' OR repmodel = 't'))`,
 			d.table).Scan(&placed); err != nil {
 			return err
 		}
