@@ -33,16 +33,37 @@ cli: ## Build the operator CLI into bin/atomicphase
 # suite runs once in each (atomicphasetest reads ATOMICPHASE_TEST_EXEC_MODE).
 EXEC_MODES := cache_describe describe_exec exec simple_protocol
 
+# The plain-PostgreSQL targets run without the Citus mode's variable, which
+# would send every package's tests to Citus (see test/citus).
+PLAIN := env -u ATOMICPHASE_TEST_CITUS_URL
+
 .PHONY: test
-test: postgres ## Run the whole test suite, then the core suite in every other pgx exec mode
-	$(GO) test -count=1 $(PKGS)
+test: postgres ## Run the whole test suite, then the core suite in every other pgx exec mode, then the Citus mode if set up
+	$(PLAIN) $(GO) test -count=1 $(PKGS)
 	@$(MAKE) --no-print-directory test/execmodes
+	@$(MAKE) --no-print-directory test/citus
+
+# The Citus mode (docs/scale.md): the core suite, the fault-injection
+# suites (faultinject, the explorer's) and the examples' tests, each test
+# on a database of its own distributed across the Citus coordinator in
+# ATOMICPHASE_TEST_CITUS_URL and its workers (scripts/citus-cluster starts a
+# local one). Without the variable it prints one line and does nothing.
+CITUS_PKGS := . ./faultinject/... ./atomicphasetest/... ./examples/...
+
+.PHONY: test/citus
+test/citus: ## Run the core, fault-injection and examples' suites on Citus (ATOMICPHASE_TEST_CITUS_URL; docs/scale.md)
+	@if [ -z "$$ATOMICPHASE_TEST_CITUS_URL" ]; then \
+	  echo "test/citus: skipped: ATOMICPHASE_TEST_CITUS_URL is not set (scripts/citus-cluster start prints it; see docs/scale.md)"; \
+	else \
+	  echo "ATOMICPHASE_TEST_CITUS_URL=$$ATOMICPHASE_TEST_CITUS_URL $(GO) test -count=1 -timeout 60m $(CITUS_PKGS)"; \
+	  $(GO) test -count=1 -timeout 60m $(CITUS_PKGS); \
+	fi
 
 .PHONY: test/execmodes
 test/execmodes: postgres ## Run the core suite once per non-default pgx query exec mode
 	@for mode in $(EXEC_MODES); do \
 	  echo "ATOMICPHASE_TEST_EXEC_MODE=$$mode $(GO) test -count=1 ."; \
-	  ATOMICPHASE_TEST_EXEC_MODE=$$mode $(GO) test -count=1 . || exit 1; \
+	  ATOMICPHASE_TEST_EXEC_MODE=$$mode $(PLAIN) $(GO) test -count=1 . || exit 1; \
 	done
 
 # The oldest and newest supported PostgreSQL major versions; any of 14 to 18
@@ -54,12 +75,12 @@ test/versions: ## Run the core suite on PostgreSQL 14 and 18 (server binaries fr
 	@for v in $(PG_VERSIONS); do \
 	  bin=$$(./scripts/postgres-version $$v) || exit 1; \
 	  echo "$$("$$bin/postgres" --version): ATOMICPHASE_TEST_PG_BIN=$$bin $(GO) test -count=1 ."; \
-	  env -u TEST_DATABASE_URL -u DATABASE_URL ATOMICPHASE_TEST_PG_BIN="$$bin" $(GO) test -count=1 . || exit 1; \
+	  env -u TEST_DATABASE_URL -u DATABASE_URL -u ATOMICPHASE_TEST_CITUS_URL ATOMICPHASE_TEST_PG_BIN="$$bin" $(GO) test -count=1 . || exit 1; \
 	done
 
 .PHONY: test/race
 test/race: postgres ## Run the whole test suite with the race detector
-	$(GO) test -race -count=1 $(PKGS)
+	$(PLAIN) $(GO) test -race -count=1 $(PKGS)
 
 .PHONY: lint
 lint: ## Check formatting, go vet and a tidy go.mod in every module

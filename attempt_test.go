@@ -105,16 +105,16 @@ func TestRunRetriesSerializationFailure(t *testing.T) {
 		atomicphase.Local("bump", func(ctx context.Context, tx atomicphase.Tx, _ *struct{}) (atomicphase.Outcome, error) {
 			attempts++
 			var note string
-			if err := tx.QueryRow(ctx, `SELECT note FROM effects WHERE phase = 'counter'`).Scan(&note); err != nil {
+			if err := tx.QueryRow(ctx, `SELECT note FROM effects WHERE scope = '' AND phase = 'counter'`).Scan(&note); err != nil {
 				return atomicphase.Outcome{}, err
 			}
 			if attempts == 1 {
 				// A concurrent writer commits after our snapshot was taken.
-				if _, err := b.db.Pool.Exec(ctx, `UPDATE effects SET note = 'x' || note WHERE phase = 'counter'`); err != nil {
+				if _, err := b.db.Pool.Exec(ctx, `UPDATE effects SET note = 'x' || note WHERE scope = '' AND phase = 'counter'`); err != nil {
 					return atomicphase.Outcome{}, err
 				}
 			}
-			_, err := tx.Exec(ctx, `UPDATE effects SET note = note || '+' WHERE phase = 'counter'`)
+			_, err := tx.Exec(ctx, `UPDATE effects SET note = note || '+' WHERE scope = '' AND phase = 'counter'`)
 			return atomicphase.Respond(200, []byte(`{}`)), err
 		}).WithIsolation(pgx.RepeatableRead),
 	}, nil)
@@ -125,7 +125,7 @@ func TestRunRetriesSerializationFailure(t *testing.T) {
 	require.Equal(t, 200, resp.Status)
 	require.Equal(t, 2, attempts, "the serialization failure was retried once")
 	var note string
-	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT note FROM effects WHERE phase = 'counter'`).Scan(&note))
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT note FROM effects WHERE scope = '' AND phase = 'counter'`).Scan(&note))
 	require.Equal(t, "x0+", note)
 }
 
@@ -137,13 +137,17 @@ func TestRunRetriesDeadlock(t *testing.T) {
 
 	// Two workflows lock r1 and r2 in opposite orders; a barrier makes each
 	// hold its first lock before asking for the second, so PostgreSQL must
-	// break a deadlock. The victim's phase is retried and both finish.
+	// break a deadlock. The victim's phase is retried and both finish. The
+	// updates are keyed by scope: on Citus one that is not goes to every
+	// shard, and the second waits for the first's whole transaction on the
+	// coordinator (which serialises multi-shard writes) instead of
+	// deadlocking, while the first waits at the barrier.
 	barrier := make(chan struct{}, 2)
 	var once sync.Map
 	mk := func(name, first, second string) *atomicphase.Workflow[struct{}] {
 		wf, err := atomicphase.NewWorkflow(name, startEmpty[struct{}], []atomicphase.Phase[struct{}]{
 			atomicphase.Local("lock", func(ctx context.Context, tx atomicphase.Tx, _ *struct{}) (atomicphase.Outcome, error) {
-				if _, err := tx.Exec(ctx, `UPDATE effects SET note = $1 WHERE phase = $2`, name, first); err != nil {
+				if _, err := tx.Exec(ctx, `UPDATE effects SET note = $1 WHERE scope = '' AND phase = $2`, name, first); err != nil {
 					return atomicphase.Outcome{}, err
 				}
 				if _, loaded := once.LoadOrStore(name, true); !loaded {
@@ -152,7 +156,7 @@ func TestRunRetriesDeadlock(t *testing.T) {
 						time.Sleep(5 * time.Millisecond)
 					}
 				}
-				_, err := tx.Exec(ctx, `UPDATE effects SET note = $1 WHERE phase = $2`, name, second)
+				_, err := tx.Exec(ctx, `UPDATE effects SET note = $1 WHERE scope = '' AND phase = $2`, name, second)
 				return atomicphase.Respond(200, []byte(name)), err
 			}),
 		}, nil)

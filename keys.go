@@ -77,15 +77,8 @@ var ErrKeyFinished = errors.New("atomicphase: idempotency key already finished")
 // nor parked: forgetting it would strand whatever its phases did.
 var ErrKeyUnfinished = errors.New("atomicphase: idempotency key unfinished and not parked")
 
-const unparkSQL = `
-UPDATE /* TEMPLATE: schema */idempotency_keys
-SET parked_at = NULL, next_attempt_at = NULL, updated_at = now(),
-    -- A fresh budget of Config.MaxAttempts. Not 0: an acquisition that
-    -- counts 1 is the one that recorded the key, which no earlier call
-    -- can precede (unknown outcomes rely on that).
-    attempts = 1
-WHERE scope = $1 AND idempotency_key = $2 AND response_status IS NULL
-RETURNING true`
+// unparkSQL: see atomicphase_unpark in schema.sql.
+const unparkSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_unpark($1::text, $2::text)`
 
 // Unpark makes an unfinished key eligible for the next sweep at once: it
 // clears the parked mark and any backoff, and gives the key a fresh budget
@@ -133,13 +126,9 @@ func (r *Runner) Forget(ctx context.Context, scope, key string) error {
 	return ErrKeyUnfinished
 }
 
-const recordResolutionSQL = `
-UPDATE /* TEMPLATE: schema */idempotency_keys
-SET resolved_after = recovery_point, resolved_happened = $3, resolved_note = $4, resolved_at = now(),
-    parked_at = NULL, next_attempt_at = NULL, updated_at = now()
-WHERE scope = $1 AND idempotency_key = $2 AND response_status IS NULL
-  AND /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($5))
-RETURNING workflow`
+// recordResolutionSQL: see atomicphase_record_resolution in schema.sql.
+const recordResolutionSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_record_resolution(
+	$1::text, $2::text, $3::boolean, $4::text, $5::bigint)`
 
 // RecordResolution settles by hand whether the foreign call an unfinished
 // key is waiting on took effect, when neither its reconcile function nor a

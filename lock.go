@@ -70,14 +70,10 @@ WHERE scope = $1 AND idempotency_key = $2`
 // and the phase's writes commit together. It records nothing when the key
 // exists, having waited for an attempt recording it at the same moment to
 // commit or roll back; the caller then acquires the key on its own
-// (acquireSQL), which explains why. The lock time comes from the
-// statement's now(), one value for the row.
-const recordSQL = `
-INSERT INTO /* TEMPLATE: schema */idempotency_keys
-    (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, lock_token, locked_at)
-VALUES ($1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, now())
-ON CONFLICT (scope, idempotency_key) DO NOTHING
-RETURNING downstream_salt::text`
+// (acquireSQL), which explains why. See atomicphase_record in schema.sql:
+// the function takes the lock time on the node that holds the row.
+const recordSQL = `SELECT downstream_salt::text FROM /* TEMPLATE: schema */atomicphase_record(
+	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, NULL::integer)`
 
 // ownedBySQL reports whether a key holds the lock token $3.
 const ownedBySQL = `SELECT lock_token = $3 FROM /* TEMPLATE: schema */idempotency_keys WHERE scope = $1 AND idempotency_key = $2`
@@ -166,35 +162,19 @@ func (r *Runner) newRecording(req *Request, workflow string, fp Fingerprint, sta
 // takeSQL takes an unfinished key that is unlocked or stale, without a
 // request at hand, under the caller's lock token. For the sweep ($5) it
 // also re-checks what made the key due when the sweep picked it: not parked,
-// past its backoff.
-const takeSQL = `
-UPDATE /* TEMPLATE: schema */idempotency_keys AS k
-SET locked_at = now(), lock_token = $4, updated_at = now(), parked_at = NULL,
-    next_attempt_at = NULL, attempts = k.attempts + 1
-FROM (SELECT locked_at FROM /* TEMPLATE: schema */idempotency_keys
-      WHERE scope = $1 AND idempotency_key = $2) AS before
-WHERE k.scope = $1 AND k.idempotency_key = $2 AND k.response_status IS NULL
-  AND /* TEMPLATE: schema */atomicphase_lock_takeable(k.locked_at, /* TEMPLATE: schema */atomicphase_stale_before($3))
-  AND ($5::boolean IS NOT TRUE OR (k.parked_at IS NULL AND (k.next_attempt_at IS NULL OR k.next_attempt_at <= now())))
-RETURNING k.workflow, k.recovery_point, k.next_phase, k.state, k.lock_token, k.downstream_salt, k.attempts,
-          before.locked_at IS NOT NULL`
+// past its backoff. See atomicphase_take in schema.sql.
+const takeSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_take($1::text, $2::text, $3::bigint, $4::bigint, $5::boolean)`
 
 // releaseSQL releases a lock this attempt holds, leaving the recovery point
 // where the last committed phase put it. With an error ($4) it records why
 // the attempt failed and when the sweep may try the key again ($5
 // microseconds from now); with $6 it parks the key for an operator. Like a
 // checkpoint it is fenced by the token: a release by an attempt that lost
-// the key changes nothing.
-const releaseSQL = `
-UPDATE /* TEMPLATE: schema */idempotency_keys SET
-    locked_at = NULL,
-    updated_at = now(),
-    last_error = coalesce($4::text, last_error),
-    next_attempt_at = CASE WHEN $5::bigint IS NULL THEN next_attempt_at
-                           ELSE now() + $5::bigint * interval '1 microsecond' END,
-    parked_at = CASE WHEN $6::boolean THEN now() ELSE parked_at END,
-    unknown_at = CASE WHEN $7::boolean THEN coalesce(unknown_at, now()) ELSE unknown_at END
-WHERE scope = $1 AND idempotency_key = $2 AND lock_token = $3 AND response_status IS NULL`
+// the key changes nothing. See atomicphase_release in schema.sql: it
+// returns a row, and the statement's tag counts one, when it released the
+// lock.
+const releaseSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_release(
+	$1::text, $2::text, $3::bigint, $4::text, $5::bigint, $6::boolean, $7::boolean)`
 
 // maxLastError bounds the error text stored on a key.
 const maxLastError = 2000

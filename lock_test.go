@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/atomicphasetest"
 )
 
 func TestRunConcurrentDuplicatesRunPhasesOnce(t *testing.T) {
@@ -379,9 +380,16 @@ func TestContendedAcquisitionAsksForAPositiveRetryAfter(t *testing.T) {
 	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"}
 	_, err := b.runner.Run(b.ctx, wf, req)
 	require.Error(t, err)
-	_, err = b.db.Pool.Exec(b.ctx, `
-		CREATE FUNCTION skip_update() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
-		CREATE TRIGGER skip_update BEFORE UPDATE ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION skip_update();`)
+	conn, err := b.db.Pool.Acquire(b.ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	if atomicphasetest.OnCitus() { // Citus puts a trigger on a distributed table only when told it is safe
+		_, err = conn.Exec(b.ctx, `SET citus.enable_unsafe_triggers = on`)
+		require.NoError(t, err)
+	}
+	_, err = conn.Exec(b.ctx, `CREATE FUNCTION skip_update() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$`)
+	require.NoError(t, err)
+	_, err = conn.Exec(b.ctx, `CREATE TRIGGER skip_update BEFORE UPDATE ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION skip_update()`)
 	require.NoError(t, err)
 	_, err = b.runner.Run(b.ctx, wf, req)
 	var inProgress *atomicphase.InProgressError

@@ -21,17 +21,20 @@ func TestMain(m *testing.M) { os.Exit(atomicphasetest.Main(m)) }
 
 // testDBOpts adds the business table test workflows write to, so tests can
 // count rows in the database rather than trust counters.
+// On Citus it is distributed by scope, colocated with the key table.
 var testDBOpts = &atomicphasetest.Options{
-	SetupID: "core-tests-v1",
+	SetupID: "core-tests-v2",
 	Setup: func(ctx context.Context, pool *pgxpool.Pool) error {
 		_, err := pool.Exec(ctx, `CREATE TABLE effects (
-			id    bigserial PRIMARY KEY,
+			id    bigserial,
 			scope text NOT NULL,
 			key   text NOT NULL,
 			phase text NOT NULL,
-			note  text)`)
+			note  text,
+			PRIMARY KEY (scope, id))`)
 		return err
 	},
+	Distribute: map[string]string{"effects": "scope"},
 }
 
 // unmigratedDBOpts hands out databases with the effects table but without

@@ -3,6 +3,7 @@ package atomicphase
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -47,6 +48,13 @@ type MigrateOpts struct {
 	// exist. Give the Runner the same value in Config.Schema. Defaults to ""
 	// (the first schema on the connection's search_path, usually public).
 	Schema string
+
+	// Citus, on a Citus coordinator, distributes the key table by scope
+	// and the functions by their scope argument once the migrations are
+	// applied (CitusDistribution; docs/scale.md): on every call, since a
+	// migration may recreate a function. The citus extension must be
+	// created, and the workers registered, first. Defaults to false.
+	Citus bool
 }
 
 func (o *MigrateOpts) schema() string {
@@ -106,10 +114,16 @@ const migrateLockID = 0x61746f6d69637068
 // idempotent and safe to call from several processes at once: a
 // transaction-scoped advisory lock makes them take turns, and each re-reads
 // what is applied after taking it. It returns the versions it applied. opts
-// may be nil for the defaults.
+// may be nil for the defaults; with opts.Citus it then distributes the key
+// table and its functions on a Citus coordinator.
 func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error) {
 	if err := checkSchemaName("MigrateOpts.Schema", opts.schema()); err != nil {
 		return nil, fmt.Errorf("atomicphase: %w", err)
+	}
+	if opts != nil && opts.Citus {
+		if err := checkCitus(ctx, db); err != nil {
+			return nil, err
+		}
 	}
 	var applied []int
 	for _, m := range Migrations(opts) {
@@ -119,6 +133,13 @@ func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error)
 		}
 		if done {
 			applied = append(applied, m.Version)
+		}
+	}
+	if opts != nil && opts.Citus {
+		if err := distributeOnCitus(ctx, db, opts.schema()); errors.Is(err, ErrNoCitus) {
+			return applied, err
+		} else if err != nil {
+			return applied, fmt.Errorf("atomicphase: distribute on Citus: %w", err)
 		}
 	}
 	return applied, nil
@@ -153,11 +174,94 @@ func applyMigration(ctx context.Context, db Beginner, schema string, m Migration
 	if exists {
 		return false, nil
 	}
-	if _, err := tx.Exec(ctx, m.Up); err != nil {
-		return false, err
+	// One statement at a time: Citus forwards some DDL on a distributed
+	// table (ALTER TABLE, CREATE INDEX) to the workers as the text the
+	// client sent, which the workers refuse when it holds several.
+	for _, stmt := range splitStatements(m.Up) {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			return false, err
+		}
 	}
 	if _, err := tx.Exec(ctx, renderSQL("INSERT INTO /* TEMPLATE: schema */atomicphase_migration (version, name) VALUES ($1, $2)", schema), m.Version, m.Name); err != nil {
 		return false, err
 	}
 	return true, tx.Commit(ctx)
+}
+
+// splitStatements splits a migration's SQL into its statements, at the
+// semicolons outside comments, quoted strings and identifiers, and
+// dollar-quoted bodies. Comments stay with the statement they precede; a
+// trailing piece with nothing but comments and space is dropped.
+func splitStatements(sql string) []string {
+	var out []string
+	start := 0
+	code := false // the current piece has more than comments and space
+	for i := 0; i < len(sql); {
+		c := sql[i]
+		switch {
+		case c == '-' && strings.HasPrefix(sql[i:], "--"):
+			if j := strings.IndexByte(sql[i:], '\n'); j >= 0 {
+				i += j + 1
+			} else {
+				i = len(sql)
+			}
+			continue
+		case c == '/' && strings.HasPrefix(sql[i:], "/*"):
+			if j := strings.Index(sql[i+2:], "*/"); j >= 0 {
+				i += j + 4
+			} else {
+				i = len(sql)
+			}
+			continue
+		case c == '\'' || c == '"':
+			code = true
+			for i++; i < len(sql); i++ {
+				if sql[i] == c {
+					if i+1 < len(sql) && sql[i+1] == c { // a doubled quote
+						i++
+						continue
+					}
+					break
+				}
+			}
+		case c == '$':
+			if tag := dollarTag(sql[i:]); tag != "" {
+				code = true
+				if j := strings.Index(sql[i+len(tag):], tag); j >= 0 {
+					i += len(tag) + j + len(tag)
+				} else {
+					i = len(sql)
+				}
+				continue
+			}
+			code = true
+		case c == ';':
+			if code {
+				out = append(out, strings.TrimSpace(sql[start:i+1]))
+			}
+			start, code = i+1, false
+		case c != ' ' && c != '\t' && c != '\n' && c != '\r':
+			code = true
+		}
+		i++
+	}
+	if code {
+		out = append(out, strings.TrimSpace(sql[start:]))
+	}
+	return out
+}
+
+// dollarTag returns the dollar-quote opening s, such as $$ or $body$, or
+// "" when s does not start with one.
+func dollarTag(s string) string {
+	for i := 1; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '$':
+			return s[:i+1]
+		case c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || i > 1 && c >= '0' && c <= '9':
+		default:
+			return ""
+		}
+	}
+	return ""
 }

@@ -171,7 +171,7 @@ func TestObserverSeesEachDecisionOnce(t *testing.T) {
 	// parked.
 	require.Equal(t, []atomicphase.EventKind{failed, created, atomicphase.EventParked}, rec.take())
 
-	_, err = b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET finished_at = finished_at - interval '2 days'`)
+	_, err = b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET finished_at = (finished_at AT TIME ZONE 'UTC' - interval '2 days') AT TIME ZONE 'UTC'`)
 	require.NoError(t, err)
 	res, err := newSweeper(t, b, &atomicphase.SweepConfig{Retention: time.Hour}).RunOnce(b.ctx)
 	require.NoError(t, err)

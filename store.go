@@ -167,6 +167,11 @@ var schemaObjects = []struct{ kind, name string }{
 	{"function", "atomicphase_checkpoint(text, text, bigint, text, text, bytea, integer, jsonb, bytea)"},
 	{"function", "atomicphase_stale_before(bigint)"},
 	{"function", "atomicphase_lock_takeable(timestamptz, timestamptz)"},
+	{"function", "atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer)"},
+	{"function", "atomicphase_take(text, text, bigint, bigint, boolean)"},
+	{"function", "atomicphase_release(text, text, bigint, text, bigint, boolean, boolean)"},
+	{"function", "atomicphase_unpark(text, text)"},
+	{"function", "atomicphase_record_resolution(text, text, boolean, text, bigint)"},
 }
 
 const checkSchemaSQL = `

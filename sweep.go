@@ -274,16 +274,20 @@ func (s *Sweeper) resumeOne(ctx context.Context, scope, key string) (resp *Respo
 }
 
 // reapSQL deletes one batch of finished keys past their retention, oldest
-// first, skipping rows another sweep is deleting.
+// first. It reads every shard of a distributed key table: on Citus the
+// subquery (whose now() each worker evaluates) runs first, and the DELETE
+// then goes to every shard. The DELETE matches finished_at too, so a key
+// forgotten and recorded anew in between is not taken for the one read.
+// Sweeps in several processes reap in turn: the second waits for the
+// first's batch, finds it gone, and stops.
 const reapSQL = `
 DELETE FROM /* TEMPLATE: schema */idempotency_keys
-WHERE (scope, idempotency_key) IN (
-    SELECT scope, idempotency_key FROM /* TEMPLATE: schema */idempotency_keys
+WHERE (scope, idempotency_key, finished_at) IN (
+    SELECT scope, idempotency_key, finished_at FROM /* TEMPLATE: schema */idempotency_keys
     WHERE response_status IS NOT NULL
-      AND finished_at < now() - $1 * interval '1 microsecond'
+      AND finished_at < now() - $1::bigint * interval '1 microsecond'
     ORDER BY finished_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED)`
+    LIMIT $2::integer)`
 
 func (s *Sweeper) reap(ctx context.Context, res *SweepResult) error {
 	n, err := s.r.Reap(ctx, s.cfg.Retention, s.cfg.ReapBatchSize, s.cfg.MaxReapBatches)

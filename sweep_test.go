@@ -28,10 +28,13 @@ func crashOnce(phase string, place atomicphase.FaultPlace) atomicphase.FaultInje
 }
 
 // ageLocks makes every held lock older than the lock timeout: the passage of
-// time after a crash, without the wait.
+// time after a crash, without the wait. Times are shifted in UTC, on
+// timestamps without time zone, whose operators are immutable: Citus
+// refuses a stable one (timestamptz minus interval) applied to a column in
+// an UPDATE.
 func ageLocks(t *testing.T, b *testBundle) {
 	t.Helper()
-	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET locked_at = locked_at - interval '1 day' WHERE locked_at IS NOT NULL`)
+	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET locked_at = (locked_at AT TIME ZONE 'UTC' - interval '1 day') AT TIME ZONE 'UTC' WHERE locked_at IS NOT NULL`)
 	require.NoError(t, err)
 }
 
@@ -148,9 +151,11 @@ func TestSweepBacksOffAndParksAKeyThatKeepsFailing(t *testing.T) {
 
 	// Sweep as fast as possible for a while: without backoff that would be
 	// hundreds of tries; with it (20–40, 40–80, 80–160 ms) a handful.
+	// (At least twenty sweeps, however long they take: on Citus each reads
+	// every shard.)
 	s := newSweeper(t, b, nil)
 	sweeps := 0
-	for deadline := time.Now().Add(600 * time.Millisecond); time.Now().Before(deadline); sweeps++ {
+	for deadline := time.Now().Add(600 * time.Millisecond); time.Now().Before(deadline) || sweeps <= 20; sweeps++ {
 		_, err := s.RunOnce(b.ctx)
 		require.NoError(t, err)
 	}
@@ -211,7 +216,7 @@ func TestSweepReapsOnlyOldFinishedKeys(t *testing.T) {
 		_, err := b.runner.Run(b.ctx, wf, orderRequest("u", fmt.Sprintf("old-%d", i)))
 		require.NoError(t, err)
 	}
-	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET finished_at = finished_at - interval '2 hours'`)
+	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET finished_at = (finished_at AT TIME ZONE 'UTC' - interval '2 hours') AT TIME ZONE 'UTC'`)
 	require.NoError(t, err)
 	_, err = b.runner.Run(b.ctx, wf, orderRequest("u", "recent"))
 	require.NoError(t, err)
@@ -222,7 +227,8 @@ func TestSweepReapsOnlyOldFinishedKeys(t *testing.T) {
 	}, nil)
 	_, err = b.runner.Run(b.ctx, failing, atomicphase.Request{Scope: "u", Key: "parked", Method: "POST", Path: "/"})
 	require.ErrorIs(t, err, atomicphase.ErrPermanent)
-	_, err = b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET created_at = created_at - interval '2 hours', updated_at = updated_at - interval '2 hours'`)
+	_, err = b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET created_at = (created_at AT TIME ZONE 'UTC' - interval '2 hours') AT TIME ZONE 'UTC',
+		updated_at = (updated_at AT TIME ZONE 'UTC' - interval '2 hours') AT TIME ZONE 'UTC'`)
 	require.NoError(t, err)
 
 	// Serve new keys while the sweep reaps.

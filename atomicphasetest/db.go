@@ -24,8 +24,9 @@ import (
 type Options struct {
 	// Setup adds to the template database after the atomicphase migrations:
 	// an application's own schema, say. It runs once per template and test
-	// process; every database NewDB hands out is a copy of the result.
-	// Defaults to nothing.
+	// process; every database NewDB hands out is a copy of the result. In
+	// the Citus mode (CitusURLEnv) it runs on the coordinator for every
+	// database, once the key table is distributed. Defaults to nothing.
 	Setup func(ctx context.Context, pool *pgxpool.Pool) error
 
 	// SetupID names what Setup creates; it is part of the template's name,
@@ -50,6 +51,15 @@ type Options struct {
 	// pgbouncer binary is absent; Open returns an error wrapping
 	// ErrNoPgBouncer. Defaults to false.
 	PgBouncer bool
+
+	// Distribute names, in the Citus mode (CitusURLEnv), tables Setup
+	// created to distribute once it has run, each by the column given,
+	// colocated with the key table (so the column is text, like scope; a
+	// table's primary key and unique constraints must include it). A
+	// phase that writes only its scope's rows of such tables commits on
+	// one worker. Tables not named stay local to the coordinator. Ignored
+	// on plain PostgreSQL. Defaults to none.
+	Distribute map[string]string
 }
 
 // ErrNoPgBouncer is wrapped by Open's error when Options.PgBouncer is set
@@ -66,6 +76,7 @@ type DB struct {
 	Pool *pgxpool.Pool
 
 	admin *pgxpool.Pool
+	citus *citusCluster // set in the Citus mode
 }
 
 // shared is the server a test process uses, started on first need, and the
@@ -78,6 +89,7 @@ var shared struct {
 	templates map[string]bool
 	bouncer   *pgtemp.Bouncer
 	bounceErr error // why PgBouncer could not be started, not tried again
+	citus     *citusCluster
 }
 
 // Main runs the tests and then stops the server this package started, if
@@ -95,6 +107,10 @@ func Main(m *testing.M) int {
 		shared.admin.Close()
 		shared.admin = nil
 	}
+	if shared.citus != nil {
+		shared.citus.close()
+		shared.citus = nil
+	}
 	if err := shared.srv.Stop(); err != nil {
 		fmt.Printf("atomicphasetest: stopping PostgreSQL: %v\n", err)
 	}
@@ -105,6 +121,14 @@ func Main(m *testing.M) int {
 func server(ctx context.Context) (*Server, *pgxpool.Pool, error) {
 	shared.Lock()
 	defer shared.Unlock()
+	if shared.srv == nil && OnCitus() {
+		c, err := connectCitus(ctx, citusURL())
+		if err != nil {
+			return nil, nil, err
+		}
+		shared.srv = &Server{URL: c.url, Kind: "citus"}
+		shared.admin, shared.citus, shared.templates = c.admins[0], c, map[string]bool{}
+	}
 	if shared.srv == nil {
 		srv := &Server{URL: URLFromEnv(), Kind: "env"}
 		if srv.URL == "" {
@@ -202,6 +226,13 @@ func Open(ctx context.Context, opts *Options) (*DB, error) {
 			mode = "exec"
 		}
 	}
+	if c := citusOf(srv); c != nil {
+		db, err := openCitus(ctx, c, opts, connectURL, mode)
+		if err != nil {
+			return nil, err
+		}
+		return db, nil
+	}
 	tmpl, err := ensureTemplate(ctx, srv, admin, opts)
 	if err != nil {
 		return nil, err
@@ -211,27 +242,56 @@ func Open(ctx context.Context, opts *Options) (*DB, error) {
 		return nil, err
 	}
 	db := &DB{Name: name, admin: admin}
-	if db.URL, err = withDatabase(connectURL, name); err != nil {
-		return nil, errors.Join(err, db.Close())
+	if err := db.connect(ctx, connectURL, mode, opts); err != nil {
+		return nil, err
+	}
+	return db, nil
+}
+
+// citusOf returns the Citus cluster srv is the coordinator of, nil for a
+// plain PostgreSQL.
+func citusOf(srv *Server) *citusCluster {
+	shared.Lock()
+	defer shared.Unlock()
+	if srv.Kind != "citus" {
+		return nil
+	}
+	return shared.citus
+}
+
+// connect sets db.URL and opens db.Pool on the database, through
+// connectURL's server (or PgBouncer). It drops the database if it fails.
+func (db *DB) connect(ctx context.Context, connectURL, mode string, opts *Options) error {
+	var err error
+	if db.URL, err = withDatabase(connectURL, db.Name); err != nil {
+		return errors.Join(err, db.Close())
 	}
 	db.URL = withExecMode(db.URL, mode)
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
-		return nil, errors.Join(err, db.Close())
+		return errors.Join(err, db.Close())
 	}
 	if opts.PoolConfig != nil {
 		opts.PoolConfig(cfg)
 	}
 	if db.Pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
-		return nil, errors.Join(err, db.Close())
+		return errors.Join(err, db.Close())
 	}
-	return db, nil
+	return nil
 }
 
-// Close closes the pool and drops the database.
+// Close closes the pool and drops the database (on every node, on Citus).
 func (db *DB) Close() error {
 	if db.Pool != nil {
 		db.Pool.Close()
+	}
+	if db.citus != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), citusDropTimeout)
+		defer cancel()
+		if err := db.citus.dropDatabase(ctx, db.Name); err != nil {
+			return fmt.Errorf("drop database %s on Citus: %w", db.Name, err)
+		}
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

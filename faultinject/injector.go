@@ -160,7 +160,7 @@ func (i *Injector) terminate(ctx context.Context, conn *pgx.Conn) error {
 		return fmt.Errorf("faultinject: %s needs Injector.Admin", TerminateBackend)
 	}
 	pid := conn.PgConn().PID()
-	if _, err := i.Admin.Exec(ctx, "SELECT pg_terminate_backend($1)", int32(pid)); err != nil {
+	if _, err := i.Admin.Exec(ctx, "SELECT pg_terminate_backend($1::integer)", int32(pid)); err != nil {
 		return fmt.Errorf("faultinject: pg_terminate_backend(%d): %w", pid, err)
 	}
 	for range 500 {

@@ -11,7 +11,8 @@ import (
 )
 
 func (c *cli) migrateCmd() *cobra.Command {
-	return &cobra.Command{
+	var citus bool
+	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Apply the schema migrations the database does not have yet",
 		Long: strings.TrimSpace(`
@@ -22,15 +23,20 @@ connection's search_path, and print the versions applied, or "up to date".
 It is what atomicphase.Migrate does at a service's start-up: safe to run
 again, and from several places at once (they take turns on an advisory
 lock). To apply the SQL with your own migration tool instead, use schema.sql
-or the files in migration/ of the library.`),
+or the files in migration/ of the library.
+
+With --citus, on a Citus coordinator, it then distributes the key table by
+scope and the functions by their scope argument, colocated with it (the
+library's docs/scale.md): run it so after every upgrade.`),
 		Example: examples(
 			`atomicphase migrate`,
 			`atomicphase migrate --schema keys --database-url postgres://app@db:5432/app`,
+			`atomicphase migrate --citus`,
 		),
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return c.withPool(cmd.Context(), func(pool *pgxpool.Pool) error {
-				opts := &atomicphase.MigrateOpts{Schema: c.schema}
+				opts := &atomicphase.MigrateOpts{Schema: c.schema, Citus: citus}
 				names := map[int]string{}
 				latest := 0
 				for _, m := range atomicphase.Migrations(opts) {
@@ -48,8 +54,13 @@ or the files in migration/ of the library.`),
 				} else {
 					fmt.Fprintf(c.stdout, "schema at version %03d\n", latest)
 				}
+				if citus {
+					fmt.Fprintln(c.stdout, "distributed on Citus by scope")
+				}
 				return nil
 			})
 		},
 	}
+	cmd.Flags().BoolVar(&citus, "citus", false, "on a Citus coordinator, also distribute the key table and the functions by scope")
+	return cmd
 }

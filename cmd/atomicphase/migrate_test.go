@@ -69,3 +69,18 @@ func TestMigrateSchema(t *testing.T) {
 	require.Equal(t, exitUsage, res.code)
 	require.Contains(t, res.stderr, "--schema or --lock-timeout")
 }
+
+// TestMigrateCitus: --citus distributes on a Citus coordinator (the
+// library's Citus test mode covers that); on plain PostgreSQL it applies
+// nothing and says why.
+func TestMigrateCitus(t *testing.T) {
+	t.Parallel()
+	if atomicphasetest.OnCitus() {
+		t.Skip("needs a database without the citus extension: the Citus test mode creates it in every one")
+	}
+	b := setupEmpty(t, &atomicphasetest.Options{SkipMigrations: true})
+	res := b.run(t, "migrate", "--citus")
+	require.Equal(t, exitFailure, res.code)
+	require.Contains(t, res.stderr, "no citus extension")
+	require.Empty(t, res.stdout, "nothing was applied")
+}

@@ -273,7 +273,9 @@ func TestKillAtEveryFaultPoint(t *testing.T) {
 			require.Len(t, receipts, 1)
 			require.Equal(t, ride.RideID, receipts[0].RideID)
 			require.Equal(t, ride.ChargeID, receipts[0].ChargeID)
-			require.Equal(t, 1, count(t, w.db, "SELECT count(*) FROM river_job"))
+			queued, err := app.QueuedReceipts(context.Background(), w.db.Pool)
+			require.NoError(t, err)
+			require.Equal(t, 1, queued)
 		})
 	}
 }

@@ -70,7 +70,8 @@ func TestBookingSurvivesEveryFault(t *testing.T) {
 					if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM rides`).Scan(&rides); err != nil {
 						return err
 					}
-					if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = $1`, ReceiptArgs{}.Kind()).Scan(&jobs); err != nil {
+					jobs, err := QueuedReceipts(ctx, db.Pool)
+					if err != nil {
 						return err
 					}
 					if rides != 1 || jobs != 1 {

@@ -123,7 +123,7 @@ func reconcilePayout(base string, client *http.Client) atomicphase.ReconcileFunc
 }
 
 func recordPayout(ctx context.Context, tx atomicphase.Tx, r *Ride) (atomicphase.Outcome, error) {
-	tx.Queue(`UPDATE rides SET bank_payout_id = $1 WHERE id = $2`, r.PayoutID, r.RideID)
+	tx.Queue(`UPDATE rides SET bank_payout_id = $1 WHERE rider = $2 AND id = $3`, r.PayoutID, r.Email, r.RideID)
 	return atomicphase.Continue(), nil
 }
 

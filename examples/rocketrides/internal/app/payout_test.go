@@ -127,7 +127,7 @@ func TestPayoutRefusedFailsPermanently(t *testing.T) {
 	info, err := b.runner.Inspect(context.Background(), "user@example.com", "k")
 	require.NoError(t, err)
 	require.Equal(t, atomicphase.KeyParked, info.Status)
-	require.Zero(t, b.count(t, "SELECT count(*) FROM river_job"), "no receipt for an unpaid ride")
+	require.Zero(t, b.queuedReceipts(t), "no receipt for an unpaid ride")
 
 	b.requirePaidOnce(t, b.post(t, "user@example.com", "k", rideBody))
 	require.Equal(t, 2, b.bank.Calls())

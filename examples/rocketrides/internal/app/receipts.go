@@ -19,12 +19,17 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 )
 
-// Receipts are a transactional outbox on River. The booking's last phase
-// inserts a receipt job with InsertTx on the phase's own transaction, so the
-// job exists exactly when the ride's final state (and the stored 201) does;
-// River's workers then deliver it to the mailer API, at least once, retrying
-// with a short backoff, and the mailer deduplicates by the job's
-// Idempotency-Key.
+// Receipts are a transactional outbox, delivered by River. The booking's
+// last phase adds the ride's receipt to receipt_outbox through the phase's
+// own transaction, so the receipt exists exactly when the ride's final state
+// (and the stored 201) does. A relay hands each queued receipt to River as a
+// job, unique by the receipt's key, and only then removes it from the
+// outbox; River's workers deliver it to the mailer API, at least once,
+// retrying with a short backoff, and the mailer deduplicates by the
+// Idempotency-Key the receipt carries. The outbox is a table of the
+// example's own, keyed by rider like the rides, so on Citus it is
+// distributed with them and the last phase commits on one worker; River's
+// tables stay on the coordinator, written only by the relay.
 
 // The delivery's timing. River rescues a job left running by a killed
 // process only after its leader (re-elected up to 15s after a kill) runs its
@@ -36,6 +41,8 @@ const (
 	rescueAfter     = deliveryTimeout + time.Second
 	rescueTick      = time.Second
 	fetchPoll       = 500 * time.Millisecond // how soon a due retry is picked up
+	relayTick       = 200 * time.Millisecond // how soon a queued receipt is handed to River
+	relayBatch      = 100
 
 	// A failed delivery is retried after 250ms, doubling up to 4s, for
 	// about a minute and a half; then every few minutes, for about ten hours
@@ -55,11 +62,12 @@ type ReceiptArgs struct {
 	To       string `json:"to"`
 	RideID   int64  `json:"ride_id"`
 	ChargeID string `json:"charge_id"`
-	// Key is chosen when the job is inserted and stored with it, so every
+	// Key is chosen when the receipt is queued and stored with it, so every
 	// delivery attempt of this receipt sends the same one. It is random
 	// rather than derived from the ride: ride ids restart in every
-	// database, and two databases may share one mailer.
-	Key string `json:"key"`
+	// database, and two databases may share one mailer. The job is unique
+	// by it: a receipt the relay hands over twice is one job.
+	Key string `json:"key" river:"unique"`
 }
 
 // Kind is the job kind in river_job.
@@ -67,7 +75,7 @@ func (ReceiptArgs) Kind() string { return "ride_receipt" }
 
 // InsertOpts gives receipts their own attempt budget.
 func (ReceiptArgs) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{MaxAttempts: receiptMaxAttempts}
+	return river.InsertOpts{MaxAttempts: receiptMaxAttempts, UniqueOpts: river.UniqueOpts{ByArgs: true}}
 }
 
 // Receipts delivers ride receipts: River's client, which both takes the
@@ -110,7 +118,7 @@ func StartReceipts(pool *pgxpool.Pool, mailerBase string, logger *slog.Logger, l
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	r := &Receipts{client: client, pool: pool, logf: logf, stop: stop, done: make(chan struct{})}
-	go r.rescueLoop(ctx)
+	go r.loop(ctx)
 	return r, nil
 }
 
@@ -128,18 +136,82 @@ func (r *Receipts) Stop(ctx context.Context) error {
 	return err
 }
 
-// Enqueue inserts the receipt for ride into tx, the booking phase's
-// transaction: it commits, and becomes visible to the workers, exactly
-// when the phase does, and rolls back with it.
+// Enqueue queues the receipt for ride in tx, the booking phase's
+// transaction: it commits, and reaches the relay, exactly when the phase
+// does, and rolls back with it.
 func (r *Receipts) Enqueue(ctx context.Context, tx pgx.Tx, ride *Ride) error {
-	_, err := r.client.InsertTx(ctx, tx, ReceiptArgs{
-		To: ride.Email, RideID: ride.RideID, ChargeID: ride.ChargeID,
-		Key: receiptKeyPrefix + rand.Text(),
-	}, nil)
+	_, err := tx.Exec(ctx, `INSERT INTO receipt_outbox (rider, ride_id, recipient, charge_id, key)
+		VALUES ($1, $2, $3, $4, $5)`, ride.Email, ride.RideID, ride.Email, ride.ChargeID, receiptKeyPrefix+rand.Text())
 	if err != nil {
-		return fmt.Errorf("enqueue the receipt: %w", err)
+		return fmt.Errorf("queue the receipt: %w", err)
 	}
 	return nil
+}
+
+// QueuedReceipts counts the receipts queued, in the outbox or as River
+// jobs, each once. It reads the outbox first, then the jobs: the relay
+// inserts a job before it deletes the receipt from the outbox, so a receipt
+// it moves in between is still counted. (One statement reading both would
+// not do on Citus, which reads a distributed and a local table apart.)
+func QueuedReceipts(ctx context.Context, db interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}) (int, error) {
+	keys := map[string]bool{}
+	for _, sql := range []string{
+		`SELECT key FROM receipt_outbox`,
+		`SELECT args->>'key' FROM river_job WHERE kind = 'ride_receipt'`,
+	} {
+		rows, err := db.Query(ctx, sql)
+		if err != nil {
+			return 0, err
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return 0, err
+		}
+		for _, k := range got {
+			keys[k] = true
+		}
+	}
+	return len(keys), nil
+}
+
+// relaySQL reads the oldest queued receipts; on Citus, from every shard.
+const relaySQL = `SELECT rider, ride_id, recipient, charge_id, key FROM receipt_outbox
+ORDER BY queued_at LIMIT $1`
+
+// relay hands the queued receipts to River, each as a job unique by its
+// key, then removes it from the outbox. A process that dies between the two
+// leaves it queued: the next relay hands it over again, and River keeps
+// the one job (or, once that job is gone, the mailer keeps one receipt per
+// key). Relays in several processes may hand the same receipt over at
+// once, to the same effect.
+func (r *Receipts) relay(ctx context.Context) (int, error) {
+	rows, err := r.pool.Query(ctx, relaySQL, relayBatch)
+	if err != nil {
+		return 0, err
+	}
+	type queued struct {
+		rider string
+		args  ReceiptArgs
+	}
+	batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (queued, error) {
+		var q queued
+		return q, row.Scan(&q.rider, &q.args.RideID, &q.args.To, &q.args.ChargeID, &q.args.Key)
+	})
+	if err != nil {
+		return 0, err
+	}
+	for i, q := range batch {
+		if _, err := r.client.Insert(ctx, q.args, nil); err != nil {
+			return i, fmt.Errorf("hand the receipt for ride %d to River: %w", q.args.RideID, err)
+		}
+		if _, err := r.pool.Exec(ctx, `DELETE FROM receipt_outbox WHERE rider = $1 AND ride_id = $2`,
+			q.rider, q.args.RideID); err != nil {
+			return i, err
+		}
+	}
+	return len(batch), nil
 }
 
 // rescueSQL makes receipts that have been running for longer than a
@@ -157,22 +229,30 @@ UPDATE river_job SET
         'error', 'rescued: still running after ' || $2::text || ', its process presumably died'))
 WHERE kind = $1 AND state = 'running' AND attempted_at < now() - $2::interval`
 
-func (r *Receipts) rescueLoop(ctx context.Context) {
+// loop relays queued receipts every relayTick and rescues receipts left
+// running every rescueTick, until ctx ends.
+func (r *Receipts) loop(ctx context.Context) {
 	defer close(r.done)
-	t := time.NewTicker(rescueTick)
-	defer t.Stop()
+	relay := time.NewTicker(relayTick)
+	defer relay.Stop()
+	rescue := time.NewTicker(rescueTick)
+	defer rescue.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
-		}
-		tag, err := r.pool.Exec(ctx, rescueSQL, ReceiptArgs{}.Kind(), rescueAfter.String())
-		switch {
-		case err != nil && ctx.Err() == nil:
-			r.logf("rescuing receipts: %v", err)
-		case err == nil && tag.RowsAffected() > 0:
-			r.logf("rescued %d receipt(s) left running by a process that died", tag.RowsAffected())
+		case <-relay.C:
+			if _, err := r.relay(ctx); err != nil && ctx.Err() == nil {
+				r.logf("relaying receipts: %v", err)
+			}
+		case <-rescue.C:
+			tag, err := r.pool.Exec(ctx, rescueSQL, ReceiptArgs{}.Kind(), rescueAfter.String())
+			switch {
+			case err != nil && ctx.Err() == nil:
+				r.logf("rescuing receipts: %v", err)
+			case err == nil && tag.RowsAffected() > 0:
+				r.logf("rescued %d receipt(s) left running by a process that died", tag.RowsAffected())
+			}
 		}
 	}
 }

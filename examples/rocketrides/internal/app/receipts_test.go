@@ -34,10 +34,10 @@ func TestReceiptCommitsAndRollsBackWithThePhase(t *testing.T) {
 			return nil
 		}
 		var c counts
-		if err := conn.QueryRow(ctx, "SELECT count(*) FROM river_job").Scan(&c.inside); err != nil {
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM receipt_outbox").Scan(&c.inside); err != nil {
 			return err
 		}
-		if err := outsider.Load().QueryRow(ctx, "SELECT count(*) FROM river_job").Scan(&c.outside); err != nil {
+		if err := outsider.Load().QueryRow(ctx, "SELECT count(*) FROM receipt_outbox").Scan(&c.outside); err != nil {
 			return err
 		}
 		mu.Lock()
@@ -53,12 +53,12 @@ func TestReceiptCommitsAndRollsBackWithThePhase(t *testing.T) {
 
 	failed := b.post(t, "user@example.com", "k", rideBody)
 	require.GreaterOrEqual(t, failed.status, 500, "%s", failed.body)
-	require.Zero(t, b.count(t, "SELECT count(*) FROM river_job"), "the job rolled back with the phase")
+	require.Zero(t, b.queuedReceipts(t), "the receipt rolled back with the phase")
 	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM idempotency_keys WHERE recovery_point = 'payout'"))
 
 	ok := b.post(t, "user@example.com", "k", rideBody)
 	require.Equal(t, http.StatusCreated, ok.status, "%s", ok.body)
-	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM river_job WHERE kind = 'ride_receipt'"), "the job committed with the phase")
+	require.Equal(t, 1, b.queuedReceipts(t), "the receipt committed with the phase")
 	mu.Lock()
 	require.Equal(t, []counts{{1, 0}, {1, 0}}, seen, "inside the phase's transaction, and only there, before it commits")
 	mu.Unlock()

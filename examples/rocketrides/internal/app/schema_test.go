@@ -33,5 +33,5 @@ func TestMigrateIsIdempotentUnderConcurrentStartUps(t *testing.T) {
 	require.NoError(t, db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM users").Scan(&users))
 	require.Equal(t, 2, users)
 	require.NoError(t, db.Pool.QueryRow(context.Background(), "SELECT max(version) FROM river_migration").Scan(&newest))
-	require.Equal(t, fmt.Sprintf("rocketrides-v3-river%03d", newest), SchemaID())
+	require.Equal(t, fmt.Sprintf("rocketrides-v4-river%03d", newest), SchemaID())
 }

@@ -55,7 +55,19 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 		return err
 	}
 	defer pool.Close()
-	if _, err := atomicphase.Migrate(ctx, pool, nil); err != nil {
+	// On a Citus coordinator the key table and its functions are
+	// distributed, and Migrate below distributes the example's tables
+	// with them (docs/scale.md).
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	citus, err := OnCitus(ctx, conn.Conn())
+	conn.Release()
+	if err != nil {
+		return err
+	}
+	if _, err := atomicphase.Migrate(ctx, pool, &atomicphase.MigrateOpts{Citus: citus}); err != nil {
 		return err
 	}
 	if err := Migrate(ctx, pool); err != nil {
@@ -261,7 +273,7 @@ func authenticate(r *http.Request, pool *pgxpool.Pool) (string, error) {
 		return "", errUnauthorized
 	}
 	var exists bool
-	err := pool.QueryRow(r.Context(), `SELECT EXISTS (SELECT FROM users WHERE email = $1)`, email).Scan(&exists)
+	err := pool.QueryRow(r.Context(), `SELECT EXISTS (SELECT 1 FROM users WHERE email = $1)`, email).Scan(&exists)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return "", fmt.Errorf("cannot check the user now: %w", err)
 	}

@@ -89,15 +89,15 @@ func createRide(ctx context.Context, tx atomicphase.Tx, r *Ride) (atomicphase.Ou
 		return atomicphase.Outcome{}, fmt.Errorf("look up user: %w", err)
 	}
 	if err := tx.QueryRow(ctx, `
-		INSERT INTO rides (idempotency_key, user_id, origin_lat, origin_lon, target_lat, target_lon)
-		VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
-		r.Key, r.UserID, r.OriginLat, r.OriginLon, r.TargetLat, r.TargetLon).Scan(&r.RideID); err != nil {
+		INSERT INTO rides (rider, idempotency_key, user_id, origin_lat, origin_lon, target_lat, target_lon)
+		VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id`,
+		r.Email, r.Key, r.UserID, r.OriginLat, r.OriginLon, r.TargetLat, r.TargetLon).Scan(&r.RideID); err != nil {
 		return atomicphase.Outcome{}, err
 	}
 	tx.Queue(`
-		INSERT INTO audit_records (action, data, resource_id, resource_type, user_id)
-		VALUES ('create_ride', $1, $2, 'ride', $3)`,
-		map[string]any{"origin_lat": r.OriginLat, "origin_lon": r.OriginLon, "target_lat": r.TargetLat, "target_lon": r.TargetLon},
+		INSERT INTO audit_records (rider, action, data, resource_id, resource_type, user_id)
+		VALUES ($1, 'create_ride', $2, $3, 'ride', $4)`,
+		r.Email, map[string]any{"origin_lat": r.OriginLat, "origin_lon": r.OriginLon, "target_lat": r.TargetLat, "target_lon": r.TargetLon},
 		r.RideID, r.UserID)
 	return atomicphase.Continue(), nil
 }
@@ -145,7 +145,7 @@ func recordCharge(ctx context.Context, tx atomicphase.Tx, r *Ride) (atomicphase.
 	}
 	// Queued: the update travels with the phase's commit, no round trip of
 	// its own.
-	tx.Queue(`UPDATE rides SET stripe_charge_id = $1 WHERE id = $2`, r.ChargeID, r.RideID)
+	tx.Queue(`UPDATE rides SET stripe_charge_id = $1 WHERE rider = $2 AND id = $3`, r.ChargeID, r.Email, r.RideID)
 	return atomicphase.Continue(), nil
 }
 
