@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/internal/pgtemp"
+)
+
+// serverSettings are the settings bench-compare starts its own server with,
+// beyond pgtemp's durable ones (fsync, synchronous_commit and
+// full_page_writes on): no checkpoint is due during a run (a timed one
+// would land in one design's measurement and not the others'; the run
+// takes a checkpoint of its own before measuring instead), and room for
+// every design's pool.
+func serverSettings(maxConns int, pgss bool) []string {
+	s := []string{
+		"checkpoint_timeout=30min",
+		"max_wal_size=4GB",
+		fmt.Sprintf("max_connections=%d", max(100, maxConns+20)),
+	}
+	if pgss {
+		s = append(s, "shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track=top")
+	}
+	return s
+}
+
+// database is the bench's database, created for the run and dropped after.
+type database struct {
+	config *pgxpool.Config // connects to it; the designs' pools copy it
+	admin  *pgxpool.Pool
+	drop   func()
+}
+
+// openServer returns the URL of the server to measure on: DATABASE_URL's
+// when set, else a durable throwaway server of bench-compare's own.
+func openServer(ctx context.Context, out io.Writer, maxConns int, pgss bool) (url string, stop func(), err error) {
+	if u := os.Getenv("DATABASE_URL"); u != "" {
+		fmt.Fprintf(out, "WARNING: DATABASE_URL is set: measuring on %s with the server's own settings (below),\n"+
+			"         not the durable settings bench-compare starts its own server with.\n", pgtemp.Redact(u))
+		return u, func() {}, nil
+	}
+	srv, err := pgtemp.StartWith(ctx, &pgtemp.Options{Durable: true, Settings: serverSettings(maxConns, pgss)})
+	if err != nil {
+		return "", nil, fmt.Errorf("start PostgreSQL: %w (or set DATABASE_URL)", err)
+	}
+	fmt.Fprintf(out, "server: a throwaway PostgreSQL from %s, data directory %s (%s)\n", srv.Bin, srv.DataDir(), fsType(srv.DataDir()))
+	return srv.URL, func() { _ = srv.Stop() }, nil
+}
+
+// fsType names the file system holding dir, and warns of one in memory,
+// where fsync costs nothing.
+func fsType(dir string) string {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return "file system unknown"
+	}
+	switch st.Type {
+	case 0x01021994:
+		return "tmpfs: WARNING, in memory, fsync costs nothing here; set TMPDIR to a disk"
+	case 0xEF53:
+		return "ext4"
+	case 0x58465342:
+		return "xfs"
+	case 0x9123683E:
+		return "btrfs"
+	case 0x794c7630:
+		return "overlayfs"
+	}
+	return fmt.Sprintf("file system 0x%x", st.Type)
+}
+
+// createDatabase creates a database of the run's own on the server at url,
+// with the atomicphase schema (atomicphase.Migrate) and the bench's tables,
+// and pg_stat_statements when pgss.
+func createDatabase(ctx context.Context, url string, pgss bool) (*database, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", pgtemp.Redact(url), err)
+	}
+	defer conn.Close(ctx)
+	name := fmt.Sprintf("atomicphase_bench_%d", time.Now().UnixNano())
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		return nil, fmt.Errorf("create the bench's database (the role needs CREATEDB): %w", err)
+	}
+	drop := func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if c, err := pgx.Connect(dctx, url); err == nil {
+			_, _ = c.Exec(dctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+			_ = c.Close(dctx)
+		}
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		drop()
+		return nil, err
+	}
+	cfg.ConnConfig.Database = name
+	adminCfg := cfg.Copy()
+	adminCfg.MaxConns = 4
+	admin, err := pgxpool.NewWithConfig(ctx, adminCfg)
+	if err != nil {
+		drop()
+		return nil, err
+	}
+	db := &database{config: cfg, admin: admin, drop: func() { admin.Close(); drop() }}
+	if _, err := atomicphase.Migrate(ctx, admin, nil); err != nil {
+		db.drop()
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	if _, err := admin.Exec(ctx, schema); err != nil {
+		db.drop()
+		return nil, fmt.Errorf("create the bench's tables: %w", err)
+	}
+	if pgss {
+		if _, err := admin.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+			db.drop()
+			return nil, fmt.Errorf("-pgss: %w", err)
+		}
+	}
+	return db, nil
+}
+
+// serverInfo is what the report says about the server.
+type serverInfo struct {
+	version  string
+	settings []string // name=value
+}
+
+var reportedSettings = []string{"fsync", "synchronous_commit", "full_page_writes", "wal_sync_method",
+	"shared_buffers", "max_wal_size", "checkpoint_timeout", "max_connections", "shared_preload_libraries"}
+
+func readServerInfo(ctx context.Context, pool *pgxpool.Pool) (serverInfo, error) {
+	var info serverInfo
+	if err := pool.QueryRow(ctx, "SELECT version()").Scan(&info.version); err != nil {
+		return info, err
+	}
+	for _, name := range reportedSettings {
+		var v string
+		if err := pool.QueryRow(ctx, "SELECT current_setting($1, true)", name).Scan(&v); err != nil {
+			return info, err
+		}
+		info.settings = append(info.settings, name+"="+v)
+	}
+	return info, nil
+}
+
+// cpuModel reads the CPU's model name from /proc/cpuinfo.
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return "unknown CPU"
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown CPU"
+}
