@@ -222,8 +222,8 @@ type dbSnapshot struct {
 	lsn      string // the WAL insert position
 	rides    int64
 	outbox   int64
-	charges  int    // distinct charges at the fake payment API
-	requests int    // charge requests it received
+	charges  int // distinct charges at the fake payment API
+	requests int // charge requests it received
 }
 
 func (b *bench) snapshotDB(ctx context.Context) (dbSnapshot, error) {
