@@ -69,7 +69,7 @@ func parseFlags(args []string, errOut io.Writer) (*options, error) {
 	fs.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "how long each design runs at each concurrency before the rounds, unmeasured")
 	fs.IntVar(&o.rounds, "rounds", 3, "how many rounds; each runs every design at every concurrency")
 	fs.IntVar(&o.replayKeys, "replay-keys", 2000, "how many finished keys the replay designs read")
-	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "after the rounds, run atomicphase (b) at -diag-clients clients once more and write this process's CPU profile to `FILE` (and hand-written (a)'s to FILE with -handwritten before its extension)")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "after the rounds, run each design at -diag-clients clients once more and write this process's CPU profile of atomicphase (b) to `FILE`, and of (a), (c) and (d) to FILE with -handwritten, -replay and -pkselect before its extension")
 	fs.BoolVar(&o.pgss, "pgss", false, "enable pg_stat_statements and, after the rounds, print each design's top statements by total time at -diag-clients clients")
 	fs.IntVar(&o.diagClients, "diag-clients", 8, "the concurrency of the -cpuprofile and -pgss runs")
 	if err := fs.Parse(args); err != nil {
@@ -207,7 +207,7 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 }
 
 // diagnose runs each design once more at o.diagClients clients, with a CPU
-// profile of (b) and (a) and/or pg_stat_statements' top statements.
+// profile of each and/or pg_stat_statements' top statements.
 func diagnose(ctx context.Context, out io.Writer, b *bench, o *options) error {
 	n := o.diagClients
 	fmt.Fprintf(out, "\ndiagnostics: each design once more at %d clients for %s (not in the tables above)\n", n, o.duration)
@@ -215,13 +215,8 @@ func diagnose(ctx context.Context, out io.Writer, b *bench, o *options) error {
 		h := &hooks{}
 		var profile *os.File
 		file := ""
-		switch {
-		case o.cpuprofile == "":
-		case d.code == "b":
-			file = o.cpuprofile
-		case d.code == "a":
-			ext := filepath.Ext(o.cpuprofile)
-			file = strings.TrimSuffix(o.cpuprofile, ext) + "-handwritten" + ext
+		if o.cpuprofile != "" {
+			file = profileFile(o.cpuprofile, d.code)
 		}
 		h.before = func() error {
 			if o.pgss {
@@ -268,6 +263,15 @@ func diagnose(ctx context.Context, out io.Writer, b *bench, o *options) error {
 		}
 	}
 	return nil
+}
+
+// profileFile names the CPU profile of design code: name itself for
+// atomicphase (b), name with -handwritten, -replay or -pkselect before its
+// extension for the others.
+func profileFile(name, code string) string {
+	suffix := map[string]string{"a": "-handwritten", "c": "-replay", "d": "-pkselect"}[code]
+	ext := filepath.Ext(name)
+	return strings.TrimSuffix(name, ext) + suffix + ext
 }
 
 // clientsLabel is "1 client" or "N clients".

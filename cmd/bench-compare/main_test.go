@@ -196,3 +196,10 @@ func TestParseFlags(t *testing.T) {
 		require.Error(t, err, "%q", bad)
 	}
 }
+
+func TestProfileFile(t *testing.T) {
+	require.Equal(t, "/tmp/ap.prof", profileFile("/tmp/ap.prof", "b"))
+	require.Equal(t, "/tmp/ap-handwritten.prof", profileFile("/tmp/ap.prof", "a"))
+	require.Equal(t, "ap-replay", profileFile("ap", "c"))
+	require.Equal(t, "x.y/ap-pkselect.out", profileFile("x.y/ap.out", "d"))
+}
