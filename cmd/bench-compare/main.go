@@ -67,7 +67,7 @@ func parseFlags(args []string, errOut io.Writer) (*options, error) {
 	clients := fs.String("clients", "1,8,32", "the `list` of concurrent client counts to measure, comma-separated")
 	fs.DurationVar(&o.duration, "duration", 3*time.Second, "how long each measurement runs (one design at one concurrency in one round)")
 	fs.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "how long each design runs at each concurrency before the rounds, unmeasured")
-	fs.IntVar(&o.rounds, "rounds", 3, "how many rounds; each runs every design at every concurrency")
+	fs.IntVar(&o.rounds, "rounds", 5, "how many rounds; each runs every design at every concurrency")
 	fs.IntVar(&o.replayKeys, "replay-keys", 2000, "how many finished keys the replay designs read")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "after the rounds, run each design at -diag-clients clients once more and write this process's CPU profile of atomicphase (b) to `FILE`, and of (a), (c) and (d) to FILE with -handwritten, -replay and -pkselect before its extension")
 	fs.BoolVar(&o.pgss, "pgss", false, "enable pg_stat_statements and, after the rounds, print each design's top statements by total time at -diag-clients clients")
@@ -120,8 +120,8 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 	began := time.Now()
 	maxClients := slices.Max(append(slices.Clone(o.clients), o.diagClients))
 	fmt.Fprintf(out, "bench-compare: atomicphase next to hand-written pgx, one Rocket-Rides-shaped request\n")
-	fmt.Fprintf(out, "machine: %d CPUs (%s), GOMAXPROCS %d, %s %s/%s; clients, the fake payment API and PostgreSQL share them\n",
-		runtime.NumCPU(), cpuModel(), runtime.GOMAXPROCS(0), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	fmt.Fprintf(out, "machine: %d CPUs (%s), GOMAXPROCS %d, %s %s/%s, load average %s; clients, the fake payment API and PostgreSQL share the CPUs\n",
+		runtime.NumCPU(), cpuModel(), runtime.GOMAXPROCS(0), runtime.Version(), runtime.GOOS, runtime.GOARCH, loadAverage())
 
 	url, stopServer, err := openServer(ctx, out, 4*maxClients+8, o.pgss)
 	if err != nil {
@@ -156,7 +156,7 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 		return fmt.Errorf("create the keys to replay: %w", err)
 	}
 	fmt.Fprintf(out, "replay pool: %d keys finished through atomicphase in %s, verified\n", o.replayKeys, time.Since(t0).Round(time.Millisecond))
-	fmt.Fprintf(out, "plan: %d rounds × clients %s × 4 designs × %s, interleaved (the designs' order rotates each round), after a %s warm-up of each\n",
+	fmt.Fprintf(out, "plan: %d rounds × clients %s × 4 designs × %s, interleaved (each ratio's two designs back to back, the order changing each round), after a %s warm-up of each\n",
 		o.rounds, joinInts(o.clients), o.duration, o.warmup)
 
 	for _, n := range o.clients {
@@ -178,9 +178,7 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 	cells := 0
 	for r := 1; r <= o.rounds; r++ {
 		for _, n := range o.clients {
-			// Rotate the designs' order, so that none always runs first
-			// (or after the same neighbour).
-			order := append(slices.Clone(b.designs[(r-1)%4:]), b.designs[:(r-1)%4]...)
+			order := roundOrder(b.designs, r)
 			var line []string
 			for _, d := range order {
 				res, err := b.measure(ctx, d, fmt.Sprintf("r%d-c%d", r, n), n, o.duration, nil)
@@ -191,7 +189,7 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 				cells++
 				line = append(line, fmt.Sprintf("(%s) %.0f/s", d.code, res.perSecond()))
 			}
-			fmt.Fprintf(out, "round %d/%d, %s: %s  verified\n", r, o.rounds, clientsLabel(n), strings.Join(line, "  "))
+			fmt.Fprintf(out, "round %d/%d, %-10s %s  verified, load %s\n", r, o.rounds, clientsLabel(n)+":", strings.Join(line, "  "), loadAverage())
 		}
 	}
 	fmt.Fprintf(out, "\nall %d measurements verified: one ride, one charge (database and payment API) and one outbox row per answered request; no unfinished key\n", cells)
@@ -202,7 +200,7 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 			return err
 		}
 	}
-	fmt.Fprintf(out, "\ntotal time %s\n", time.Since(began).Round(time.Second))
+	fmt.Fprintf(out, "\ntotal time %s, load average %s\n", time.Since(began).Round(time.Second), loadAverage())
 	return nil
 }
 
@@ -263,6 +261,30 @@ func diagnose(ctx context.Context, out io.Writer, b *bench, o *options) error {
 		}
 	}
 	return nil
+}
+
+// roundOrder is the order the designs run in, in round r (from 1): each
+// ratio's two designs, (a) with (b) and (c) with (d), run next to each
+// other, so that a change in the machine's load between them is short;
+// which pair goes first and which design of each pair goes first changes
+// from round to round.
+func roundOrder(d []*design, r int) []*design {
+	a, b, c, dd := d[0], d[1], d[2], d[3]
+	orders := [][]*design{{a, b, c, dd}, {dd, c, b, a}, {b, a, dd, c}, {c, dd, a, b}}
+	return orders[(r-1)%len(orders)]
+}
+
+// loadAverage is the machine's load average over the last minute, from
+// /proc/loadavg: other work sharing the CPUs shows there.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	if f := strings.Fields(string(b)); len(f) > 0 {
+		return f[0]
+	}
+	return "unknown"
 }
 
 // profileFile names the CPU profile of design code: name itself for

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -182,7 +183,7 @@ func TestParseFlags(t *testing.T) {
 	o, err := parseFlags(nil, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, []int{1, 8, 32}, o.clients)
-	require.Equal(t, 3, o.rounds)
+	require.Equal(t, 5, o.rounds)
 	require.Equal(t, 3*time.Second, o.duration)
 
 	o, err = parseFlags([]string{"-clients", "2, 4", "-rounds", "1", "-duration", "1s", "-pgss", "-cpuprofile", "x.prof"}, io.Discard)
@@ -195,6 +196,24 @@ func TestParseFlags(t *testing.T) {
 		_, err := parseFlags(bad, io.Discard)
 		require.Error(t, err, "%q", bad)
 	}
+}
+
+func TestRoundOrderKeepsPairsTogether(t *testing.T) {
+	ds := []*design{{code: "a"}, {code: "b"}, {code: "c"}, {code: "d"}}
+	firsts := map[string]bool{}
+	for r := 1; r <= 4; r++ {
+		var codes string
+		for _, d := range roundOrder(ds, r) {
+			codes += d.code
+		}
+		require.Len(t, codes, 4)
+		for _, pair := range []string{"ab", "cd"} {
+			i, j := strings.IndexByte(codes, pair[0]), strings.IndexByte(codes, pair[1])
+			require.Equal(t, 1, max(i, j)-min(i, j), "round %d: %s", r, codes)
+		}
+		firsts[codes[:1]] = true
+	}
+	require.Len(t, firsts, 4, "each design goes first once in four rounds")
 }
 
 func TestProfileFile(t *testing.T) {

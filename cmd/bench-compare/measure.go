@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -208,10 +209,11 @@ type cellResult struct {
 	requests int64
 	elapsed  time.Duration
 	p50, p99 time.Duration
-	counts   counts // the design's pool's tracer, over the measurement
-	xids     int64  // transaction ids the server assigned: transactions that wrote
-	walBytes int64  // WAL the server inserted
-	mallocs  uint64 // heap allocations in this process (clients and the fake payment API)
+	counts   counts        // the design's pool's tracer, over the measurement
+	xids     int64         // transaction ids the server assigned: transactions that wrote
+	walBytes int64         // WAL the server inserted
+	mallocs  uint64        // heap allocations in this process (clients and the fake payment API)
+	cpu      time.Duration // CPU time of this process, user and system
 }
 
 func (r *cellResult) perSecond() float64 { return float64(r.requests) / r.elapsed.Seconds() }
@@ -286,6 +288,7 @@ func (b *bench) measure(ctx context.Context, d *design, label string, n int, dur
 	runtime.GC()
 	var mem0, mem1 runtime.MemStats
 	runtime.ReadMemStats(&mem0)
+	cpu0 := processCPU()
 	tr0 := d.trace.snapshot()
 
 	cctx, cancel := context.WithCancel(ctx)
@@ -316,12 +319,14 @@ func (b *bench) measure(ctx context.Context, d *design, label string, n int, dur
 	wg.Wait()
 	elapsed := time.Since(start)
 	tr1 := d.trace.snapshot()
+	cpu1 := processCPU()
 	runtime.ReadMemStats(&mem1)
 	if firstErr != nil {
 		return nil, firstErr
 	}
 
-	res := &cellResult{design: d.code, clients: n, elapsed: elapsed, counts: tr1.minus(tr0), mallocs: mem1.Mallocs - mem0.Mallocs}
+	res := &cellResult{design: d.code, clients: n, elapsed: elapsed, counts: tr1.minus(tr0),
+		mallocs: mem1.Mallocs - mem0.Mallocs, cpu: cpu1 - cpu0}
 	var all []time.Duration
 	for i, c := range clients {
 		all = append(all, c.lat...)
@@ -352,6 +357,15 @@ func (b *bench) measure(ctx context.Context, d *design, label string, n int, dur
 		return nil, fmt.Errorf("VERIFICATION FAILED after (%s) %s with %d clients: %w", d.code, d.name, n, err)
 	}
 	return res, nil
+}
+
+// processCPU returns the CPU time this process has used, user and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // percentile returns the q-quantile of sorted (nearest rank).
