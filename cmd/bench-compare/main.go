@@ -123,7 +123,7 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 	fmt.Fprintf(out, "machine: %d CPUs (%s), GOMAXPROCS %d, %s %s/%s, load average %s; clients, the fake payment API and PostgreSQL share the CPUs\n",
 		runtime.NumCPU(), cpuModel(), runtime.GOMAXPROCS(0), runtime.Version(), runtime.GOOS, runtime.GOARCH, loadAverage())
 
-	url, stopServer, err := openServer(ctx, out, 4*maxClients+8, o.pgss)
+	url, serverCPU, stopServer, err := openServer(ctx, out, 4*maxClients+8, o.pgss)
 	if err != nil {
 		return err
 	}
@@ -151,6 +151,7 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 		return err
 	}
 	defer b.close()
+	b.serverCPU = serverCPU
 	t0 := time.Now()
 	if err := b.createFinished(ctx, o.replayKeys); err != nil {
 		return fmt.Errorf("create the keys to replay: %w", err)

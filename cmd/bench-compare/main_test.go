@@ -222,3 +222,20 @@ func TestProfileFile(t *testing.T) {
 	require.Equal(t, "ap-replay", profileFile("ap", "c"))
 	require.Equal(t, "x.y/ap-pkselect.out", profileFile("x.y/ap.out", "d"))
 }
+
+func TestServerCPUReadsAProcessAndItsChildren(t *testing.T) {
+	if _, err := os.Stat("/proc/self/schedstat"); err != nil {
+		t.Skip("no /proc/PID/schedstat here")
+	}
+	own, ok := serverCPU(os.Getpid())
+	require.True(t, ok)
+	require.Positive(t, own)
+	_, ok = serverCPU(1 << 30)
+	require.False(t, ok, "no such process")
+
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(dir+"/postmaster.pid", []byte("4242\n/data\n1700000000\n5432\n"), 0o600))
+	pid, err := postmasterPID(dir)
+	require.NoError(t, err)
+	require.Equal(t, 4242, pid)
+}

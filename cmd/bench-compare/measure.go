@@ -63,6 +63,9 @@ type bench struct {
 	replay  []finishedKey
 	// latencies are the clients' buffers, reused from cell to cell.
 	latencies [][]time.Duration
+	// serverCPU reads the server's CPU time; nil when it cannot be read
+	// (a server bench-compare did not start).
+	serverCPU func() time.Duration
 }
 
 // poolFor opens a pool for a design with base's settings: maxConns
@@ -214,6 +217,9 @@ type cellResult struct {
 	walBytes int64         // WAL the server inserted
 	mallocs  uint64        // heap allocations in this process (clients and the fake payment API)
 	cpu      time.Duration // CPU time of this process, user and system
+	// serverCPU is the CPU time of the server's processes (see
+	// serverCPU), -1 when unknown.
+	serverCPU time.Duration
 }
 
 func (r *cellResult) perSecond() float64 { return float64(r.requests) / r.elapsed.Seconds() }
@@ -286,9 +292,15 @@ func (b *bench) measure(ctx context.Context, d *design, label string, n int, dur
 		}
 	}
 	runtime.GC()
+	// Read in this order, and the reverse after, so that each reading
+	// stays out of the others' windows.
+	var srv0, srv1 time.Duration
+	if b.serverCPU != nil {
+		srv0 = b.serverCPU()
+	}
+	cpu0 := processCPU()
 	var mem0, mem1 runtime.MemStats
 	runtime.ReadMemStats(&mem0)
-	cpu0 := processCPU()
 	tr0 := d.trace.snapshot()
 
 	cctx, cancel := context.WithCancel(ctx)
@@ -319,14 +331,20 @@ func (b *bench) measure(ctx context.Context, d *design, label string, n int, dur
 	wg.Wait()
 	elapsed := time.Since(start)
 	tr1 := d.trace.snapshot()
-	cpu1 := processCPU()
 	runtime.ReadMemStats(&mem1)
+	cpu1 := processCPU()
+	if b.serverCPU != nil {
+		srv1 = b.serverCPU()
+	}
 	if firstErr != nil {
 		return nil, firstErr
 	}
 
 	res := &cellResult{design: d.code, clients: n, elapsed: elapsed, counts: tr1.minus(tr0),
-		mallocs: mem1.Mallocs - mem0.Mallocs, cpu: cpu1 - cpu0}
+		mallocs: mem1.Mallocs - mem0.Mallocs, cpu: cpu1 - cpu0, serverCPU: -1}
+	if b.serverCPU != nil {
+		res.serverCPU = srv1 - srv0
+	}
 	var all []time.Duration
 	for i, c := range clients {
 		all = append(all, c.lat...)

@@ -82,14 +82,18 @@ func fmtRatios(xs []float64) string {
 func (rs *results) print(out io.Writer, clients []int, designs []*design) {
 	for _, n := range clients {
 		fmt.Fprintf(out, "\n%s\n", clientsLabel(n))
-		fmt.Fprintf(out, "%-24s %7s %9s %9s %12s %7s %9s %10s %11s %11s\n",
-			"design", "req/s", "p50", "p99", "commits/req", "RT/req", "xids/req", "WAL B/req", "allocs/req", "CPU µs/req")
+		fmt.Fprintf(out, "%-24s %7s %9s %9s %12s %7s %9s %10s %11s %14s %14s\n",
+			"design", "req/s", "p50", "p99", "commits/req", "RT/req", "xids/req", "WAL B/req", "allocs/req", "client µs/req", "server µs/req")
 		for _, d := range designs {
 			cells := rs.cells[n][d.code]
 			if len(cells) == 0 {
 				continue
 			}
-			fmt.Fprintf(out, "%-24s %7.0f %9s %9s %12.2f %7.2f %9.2f %10.0f %11.0f %11.0f\n",
+			server := "-"
+			if cells[0].serverCPU >= 0 {
+				server = fmt.Sprintf("%.0f", perRequest(cells, func(c *cellResult) float64 { return float64(c.serverCPU.Microseconds()) }))
+			}
+			fmt.Fprintf(out, "%-24s %7.0f %9s %9s %12.2f %7.2f %9.2f %10.0f %11.0f %14.0f %14s\n",
 				"("+d.code+") "+d.name,
 				medianOf(cells, (*cellResult).perSecond),
 				ms(medianOf(cells, func(c *cellResult) float64 { return float64(c.p50) })),
@@ -99,7 +103,8 @@ func (rs *results) print(out io.Writer, clients []int, designs []*design) {
 				perRequest(cells, func(c *cellResult) float64 { return float64(c.xids) }),
 				perRequest(cells, func(c *cellResult) float64 { return float64(c.walBytes) }),
 				perRequest(cells, func(c *cellResult) float64 { return float64(c.mallocs) }),
-				perRequest(cells, func(c *cellResult) float64 { return float64(c.cpu.Microseconds()) }))
+				perRequest(cells, func(c *cellResult) float64 { return float64(c.cpu.Microseconds()) }),
+				server)
 		}
 		if xs, m := rs.ratios(n, "b", "a"); len(xs) > 0 {
 			fmt.Fprintf(out, "  atomicphase / hand-written req/s, by round: %s → median %.2f\n", fmtRatios(xs), m)

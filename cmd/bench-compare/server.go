@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -42,19 +44,85 @@ type database struct {
 }
 
 // openServer returns the URL of the server to measure on: DATABASE_URL's
-// when set, else a durable throwaway server of bench-compare's own.
-func openServer(ctx context.Context, out io.Writer, maxConns int, pgss bool) (url string, stop func(), err error) {
+// when set, else a durable throwaway server of bench-compare's own, whose
+// CPU time cpu then reads (nil for DATABASE_URL's).
+func openServer(ctx context.Context, out io.Writer, maxConns int, pgss bool) (url string, cpu func() time.Duration, stop func(), err error) {
 	if u := os.Getenv("DATABASE_URL"); u != "" {
 		fmt.Fprintf(out, "WARNING: DATABASE_URL is set: measuring on %s with the server's own settings (below),\n"+
 			"         not the durable settings bench-compare starts its own server with.\n", pgtemp.Redact(u))
-		return u, func() {}, nil
+		return u, nil, func() {}, nil
 	}
 	srv, err := pgtemp.StartWith(ctx, &pgtemp.Options{Durable: true, Settings: serverSettings(maxConns, pgss)})
 	if err != nil {
-		return "", nil, fmt.Errorf("start PostgreSQL: %w (or set DATABASE_URL)", err)
+		return "", nil, nil, fmt.Errorf("start PostgreSQL: %w (or set DATABASE_URL)", err)
 	}
 	fmt.Fprintf(out, "server: a throwaway PostgreSQL from %s, data directory %s (%s)\n", srv.Bin, srv.DataDir(), fsType(srv.DataDir()))
-	return srv.URL, func() { _ = srv.Stop() }, nil
+	if pid, err := postmasterPID(srv.DataDir()); err == nil {
+		if _, ok := serverCPU(pid); ok {
+			cpu = func() time.Duration { d, _ := serverCPU(pid); return d }
+		}
+	}
+	return srv.URL, cpu, func() { _ = srv.Stop() }, nil
+}
+
+// postmasterPID reads the server's process id from its data directory.
+func postmasterPID(dataDir string) (int, error) {
+	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	return strconv.Atoi(strings.TrimSpace(line))
+}
+
+// serverCPU sums the CPU time (/proc/PID/schedstat, in nanoseconds) of the
+// postmaster pid and of its children: the backends and the background
+// processes. A child that exits is no longer counted, so a difference of
+// two readings misses what such a process (an autovacuum worker, say) did
+// before it exited. ok is false when /proc cannot tell.
+func serverCPU(pid int) (total time.Duration, ok bool) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, false
+	}
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if p != pid {
+			stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+			if err != nil {
+				continue
+			}
+			// pid (comm) state ppid …; comm may hold spaces and parentheses.
+			i := strings.LastIndexByte(string(stat), ')')
+			f := strings.Fields(string(stat[i+1:]))
+			if len(f) < 2 || f[1] != strconv.Itoa(pid) {
+				continue
+			}
+		}
+		sched, err := os.ReadFile("/proc/" + e.Name() + "/schedstat")
+		if err != nil {
+			if p == pid {
+				return 0, false
+			}
+			continue
+		}
+		f := strings.Fields(string(sched))
+		if len(f) == 0 {
+			continue
+		}
+		ns, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			continue
+		}
+		total += time.Duration(ns)
+		if p == pid {
+			ok = true
+		}
+	}
+	return total, ok
 }
 
 // fsType names the file system holding dir, and warns of one in memory,
