@@ -181,6 +181,7 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 		for _, n := range o.clients {
 			order := roundOrder(b.designs, r)
 			var line []string
+			var others []float64
 			for _, d := range order {
 				res, err := b.measure(ctx, d, fmt.Sprintf("r%d-c%d", r, n), n, o.duration, nil)
 				if err != nil {
@@ -189,8 +190,9 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 				rs.add(res)
 				cells++
 				line = append(line, fmt.Sprintf("(%s) %.0f/s", d.code, res.perSecond()))
+				others = append(others, res.others)
 			}
-			fmt.Fprintf(out, "round %d/%d, %-10s %s  verified, load %s\n", r, o.rounds, clientsLabel(n)+":", strings.Join(line, "  "), loadAverage())
+			fmt.Fprintf(out, "round %d/%d, %-10s %s  verified, %s\n", r, o.rounds, clientsLabel(n)+":", strings.Join(line, "  "), othersLabel(others))
 		}
 	}
 	fmt.Fprintf(out, "\nall %d measurements verified: one ride, one charge (database and payment API) and one outbox row per answered request; no unfinished key\n", cells)
@@ -273,6 +275,19 @@ func roundOrder(d []*design, r int) []*design {
 	a, b, c, dd := d[0], d[1], d[2], d[3]
 	orders := [][]*design{{a, b, c, dd}, {dd, c, b, a}, {b, a, dd, c}, {c, dd, a, b}}
 	return orders[(r-1)%len(orders)]
+}
+
+// othersLabel says how much of the machine's CPU time other work took
+// during measurements (each cell's share; -1 when unknown).
+func othersLabel(shares []float64) string {
+	var parts []string
+	for _, x := range shares {
+		if x < 0 {
+			return "other work unknown"
+		}
+		parts = append(parts, fmt.Sprintf("%.0f", 100*x))
+	}
+	return "other work " + strings.Join(parts, "/") + "% of the CPUs"
 }
 
 // loadAverage is the machine's load average over the last minute, from

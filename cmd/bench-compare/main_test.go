@@ -239,3 +239,14 @@ func TestServerCPUReadsAProcessAndItsChildren(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 4242, pid)
 }
+
+func TestMachineCPU(t *testing.T) {
+	busy, total, ok := machineCPU()
+	if !ok {
+		t.Skip("no /proc/stat here")
+	}
+	require.Positive(t, total)
+	require.LessOrEqual(t, busy, total)
+	require.Equal(t, "other work 5/12% of the CPUs", othersLabel([]float64{0.05, 0.123}))
+	require.Equal(t, "other work unknown", othersLabel([]float64{0.05, -1}))
+}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -220,6 +222,10 @@ type cellResult struct {
 	// serverCPU is the CPU time of the server's processes (see
 	// serverCPU), -1 when unknown.
 	serverCPU time.Duration
+	// others is the share of the machine's CPU time that went to neither
+	// this process nor the server (other work, or the hypervisor's steal),
+	// -1 when unknown.
+	others float64
 }
 
 func (r *cellResult) perSecond() float64 { return float64(r.requests) / r.elapsed.Seconds() }
@@ -294,6 +300,7 @@ func (b *bench) measure(ctx context.Context, d *design, label string, n int, dur
 	runtime.GC()
 	// Read in this order, and the reverse after, so that each reading
 	// stays out of the others' windows.
+	busy0, total0, machineOK := machineCPU()
 	var srv0, srv1 time.Duration
 	if b.serverCPU != nil {
 		srv0 = b.serverCPU()
@@ -336,14 +343,19 @@ func (b *bench) measure(ctx context.Context, d *design, label string, n int, dur
 	if b.serverCPU != nil {
 		srv1 = b.serverCPU()
 	}
+	busy1, total1, ok := machineCPU()
+	machineOK = machineOK && ok
 	if firstErr != nil {
 		return nil, firstErr
 	}
 
 	res := &cellResult{design: d.code, clients: n, elapsed: elapsed, counts: tr1.minus(tr0),
-		mallocs: mem1.Mallocs - mem0.Mallocs, cpu: cpu1 - cpu0, serverCPU: -1}
+		mallocs: mem1.Mallocs - mem0.Mallocs, cpu: cpu1 - cpu0, serverCPU: -1, others: -1}
 	if b.serverCPU != nil {
 		res.serverCPU = srv1 - srv0
+		if machineOK && total1 > total0 {
+			res.others = max(0, float64(busy1-busy0-res.cpu-res.serverCPU)/float64(total1-total0))
+		}
 	}
 	var all []time.Duration
 	for i, c := range clients {
@@ -375,6 +387,35 @@ func (b *bench) measure(ctx context.Context, d *design, label string, n int, dur
 		return nil, fmt.Errorf("VERIFICATION FAILED after (%s) %s with %d clients: %w", d.code, d.name, n, err)
 	}
 	return res, nil
+}
+
+// machineCPU reads the first line of /proc/stat: the time all CPUs spent
+// busy (everything but idle and iowait; steal, the time the hypervisor gave
+// to other machines, included) and in all.
+func machineCPU() (busy, total time.Duration, ok bool) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, 0, false
+	}
+	// user nice system idle iowait irq softirq steal [guest guest_nice],
+	// in USER_HZ ticks, which Linux fixes at 100 a second in /proc.
+	const tick = 10 * time.Millisecond
+	for i, v := range f[1:9] {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return 0, 0, false
+		}
+		total += time.Duration(n) * tick
+		if i != 3 && i != 4 {
+			busy += time.Duration(n) * tick
+		}
+	}
+	return busy, total, true
 }
 
 // processCPU returns the CPU time this process has used, user and system.
