@@ -191,7 +191,12 @@ func createDatabase(ctx context.Context, url string, pgss bool) (*database, erro
 		return nil, fmt.Errorf("create the bench's tables: %w", err)
 	}
 	if pgss {
-		if _, err := admin.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+		// The view answers only when the server loaded the library.
+		_, err := admin.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+		if err == nil {
+			_, err = admin.Exec(ctx, "SELECT count(*) FROM pg_stat_statements")
+		}
+		if err != nil {
 			db.drop()
 			return nil, fmt.Errorf("-pgss: %w", err)
 		}
