@@ -106,6 +106,18 @@ func (rs *results) print(out io.Writer, clients []int, designs []*design) {
 				perRequest(cells, func(c *cellResult) float64 { return float64(c.cpu.Microseconds()) }),
 				server)
 		}
+		var others []float64
+		for _, d := range designs {
+			for _, c := range rs.cells[n][d.code] {
+				if c.others >= 0 {
+					others = append(others, c.others)
+				}
+			}
+		}
+		if len(others) > 0 {
+			fmt.Fprintf(out, "  other work on the machine during these measurements: median %.0f%%, at most %.0f%% of the CPUs\n",
+				100*median(others), 100*slices.Max(others))
+		}
 		if xs, m := rs.ratios(n, "b", "a"); len(xs) > 0 {
 			fmt.Fprintf(out, "  atomicphase / hand-written req/s, by round: %s → median %.2f\n", fmtRatios(xs), m)
 		}
