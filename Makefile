@@ -92,6 +92,11 @@ lint: ## Check formatting, go vet and a tidy go.mod in every module
 bench: postgres ## Run the benchmarks
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
+# ARGS passes flags: make bench-compare ARGS="-rounds 5 -pgss".
+.PHONY: bench-compare
+bench-compare: postgres ## Measure atomicphase next to hand-written pgx on a durable PostgreSQL (docs/performance.md)
+	$(GO) run ./cmd/bench-compare $(ARGS)
+
 .PHONY: fuzz
 fuzz: ## Fuzz the fingerprint for a minute
 	$(GO) test -run '^$$' -fuzz FuzzFingerprint -fuzztime 60s .

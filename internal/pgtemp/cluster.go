@@ -19,11 +19,15 @@ import (
 )
 
 // startCluster initialises a cluster in a new temporary directory and
-// starts it on a free loopback port, tuned for throwaway use (no fsync:
-// nothing here must survive an OS crash, only a process crash, which
-// PostgreSQL handles alike).
-func startCluster(ctx context.Context, bin string) (*Server, error) {
-	dir, err := os.MkdirTemp(tempBase(), "atomicphase-pg-")
+// starts it on a free loopback port, tuned for throwaway use unless
+// opts.Durable (no fsync: nothing here must survive an OS crash, only a
+// process crash, which PostgreSQL handles alike).
+func startCluster(ctx context.Context, bin string, opts *Options) (*Server, error) {
+	base := tempBase()
+	if opts.Durable {
+		base = os.TempDir() // a disk, where fsync is real work
+	}
+	dir, err := os.MkdirTemp(base, "atomicphase-pg-")
 	if err != nil {
 		return nil, err
 	}
@@ -33,8 +37,11 @@ func startCluster(ctx context.Context, bin string) (*Server, error) {
 		return nil, err
 	}
 	data := filepath.Join(dir, "data")
-	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"),
-		"-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions")
+	initArgs := []string{"-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-instructions"}
+	if !opts.Durable {
+		initArgs = append(initArgs, "--no-sync")
+	}
+	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"), initArgs...)
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	initdb.Dir = dir
 	if out, err := initdb.CombinedOutput(); err != nil {
@@ -49,7 +56,7 @@ func startCluster(ctx context.Context, bin string) (*Server, error) {
 			os.RemoveAll(dir)
 			return nil, err
 		}
-		srv, err := runPostgres(ctx, bin, dir, data, port, cred)
+		srv, err := runPostgres(ctx, bin, dir, data, port, cred, serverSettings(opts))
 		if err == nil {
 			return srv, nil
 		}
@@ -59,7 +66,19 @@ func startCluster(ctx context.Context, bin string) (*Server, error) {
 	return nil, lastErr
 }
 
-func runPostgres(ctx context.Context, bin, dir, data string, port int, cred *syscall.Credential) (*Server, error) {
+// serverSettings are the -c settings of a server started with opts: the
+// test settings (durability off) or durable ones, then opts.Settings.
+func serverSettings(opts *Options) []string {
+	durability := []string{"fsync=off", "synchronous_commit=off", "full_page_writes=off"}
+	if opts.Durable {
+		durability = []string{"fsync=on", "synchronous_commit=on", "full_page_writes=on"}
+	}
+	settings := append([]string{"listen_addresses=127.0.0.1", "unix_socket_directories="}, durability...)
+	settings = append(settings, "max_connections=300", "shared_buffers=128MB")
+	return append(settings, opts.Settings...)
+}
+
+func runPostgres(ctx context.Context, bin, dir, data string, port int, cred *syscall.Credential, settings []string) (*Server, error) {
 	logPath := filepath.Join(dir, "postgres.log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -69,10 +88,11 @@ func runPostgres(ctx context.Context, bin, dir, data string, port int, cred *sys
 	if cred != nil {
 		_ = os.Chown(logPath, int(cred.Uid), int(cred.Gid))
 	}
-	cmd := exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-p", strconv.Itoa(port),
-		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
-		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-		"-c", "max_connections=300", "-c", "shared_buffers=128MB")
+	args := []string{"-D", data, "-p", strconv.Itoa(port)}
+	for _, s := range settings {
+		args = append(args, "-c", s)
+	}
+	cmd := exec.Command(filepath.Join(bin, "postgres"), args...)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// Its own process group: a Ctrl-C aimed at the tests must not stop

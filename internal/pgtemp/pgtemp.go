@@ -22,6 +22,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 )
 
@@ -37,21 +38,55 @@ type Server struct {
 	stop func() error
 }
 
+// Options configure StartWith. The zero value is what Start uses: a
+// server tuned for tests, which survives a process crash but not an OS
+// crash.
+type Options struct {
+	// Durable starts the server with production durability: fsync,
+	// synchronous_commit and full_page_writes on (the test settings turn
+	// all three off), with its directory on a disk (os.TempDir) rather
+	// than in /dev/shm, where an fsync costs nothing. For benchmarks whose
+	// numbers must hold on a real server; tests leave it off.
+	Durable bool
+	// Settings are extra server settings, each "name=value" (as in
+	// postgresql.conf, e.g. "shared_preload_libraries=pg_stat_statements"),
+	// passed to postgres with -c after the defaults, so that they override
+	// them.
+	Settings []string
+}
+
 // Start initialises and starts a throwaway cluster from local binaries,
-// found on PATH or under /usr/lib/postgresql/*/bin (newest first). The
-// error wraps ErrNoBinaries when there are none. ctx bounds the start-up
-// only; the server runs until Stop or the end of the process.
+// found on PATH or under /usr/lib/postgresql/*/bin (newest first), with the
+// test settings (see Options). The error wraps ErrNoBinaries when there are
+// none. ctx bounds the start-up only; the server runs until Stop or the end
+// of the process.
 func Start(ctx context.Context) (*Server, error) {
+	return StartWith(ctx, nil)
+}
+
+// StartWith is Start with options; nil means Start's defaults.
+func StartWith(ctx context.Context, opts *Options) (*Server, error) {
+	if opts == nil {
+		opts = &Options{}
+	}
+	for _, s := range opts.Settings {
+		if name, _, ok := strings.Cut(s, "="); !ok || strings.TrimSpace(name) == "" {
+			return nil, fmt.Errorf("pgtemp: server setting %q is not name=value", s)
+		}
+	}
 	bin, err := findBinaries()
 	if err != nil {
 		return nil, err
 	}
-	srv, err := startCluster(ctx, bin)
+	srv, err := startCluster(ctx, bin, opts)
 	if err != nil {
 		return nil, fmt.Errorf("in %s: %w", bin, err)
 	}
 	return srv, nil
 }
+
+// DataDir returns the cluster's data directory.
+func (s *Server) DataDir() string { return filepath.Join(s.dir, "data") }
 
 // Stop shuts the server down (fast shutdown, then a kill after ten
 // seconds) and removes its directory. Stopping a nil or stopped server does

@@ -56,6 +56,52 @@ func TestStartServesAndStopRemovesEverything(t *testing.T) {
 	require.NoError(t, (*Server)(nil).Stop())
 }
 
+// show reads server settings.
+func show(t *testing.T, url string, names ...string) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	got := map[string]string{}
+	for _, name := range names {
+		var v string
+		require.NoError(t, conn.QueryRow(ctx, "SELECT current_setting($1)", name).Scan(&v))
+		got[name] = v
+	}
+	return got
+}
+
+func TestStartKeepsTheTestSettings(t *testing.T) {
+	t.Parallel()
+	needBinaries(t)
+	srv, err := Start(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, srv.Stop()) })
+	require.Equal(t, map[string]string{"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"},
+		show(t, srv.URL, "fsync", "synchronous_commit", "full_page_writes"))
+}
+
+func TestStartWithDurableSettingsAndExtras(t *testing.T) {
+	t.Parallel()
+	needBinaries(t)
+	srv, err := StartWith(context.Background(), &Options{Durable: true, Settings: []string{"work_mem=5MB", "max_connections=50"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, srv.Stop()) })
+	require.Equal(t, map[string]string{"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on",
+		"work_mem": "5MB", "max_connections": "50"},
+		show(t, srv.URL, "fsync", "synchronous_commit", "full_page_writes", "work_mem", "max_connections"),
+		"extra settings override the defaults")
+	require.DirExists(t, srv.DataDir())
+	require.False(t, strings.HasPrefix(srv.DataDir(), "/dev/shm/"), "a durable server's fsyncs reach a disk")
+}
+
+func TestStartWithRefusesAMalformedSetting(t *testing.T) {
+	t.Parallel()
+	_, err := StartWith(context.Background(), &Options{Settings: []string{"fsync"}})
+	require.ErrorContains(t, err, "not name=value")
+}
+
 func TestFindBinariesNamesWhereItLooked(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
 	if _, err := findBinaries(); err != nil {

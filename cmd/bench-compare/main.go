@@ -1,0 +1,329 @@
+// Command bench-compare measures what atomicphase costs next to the best
+// hand-written pgx code for the same request, on a PostgreSQL with
+// production durability (fsync and synchronous_commit on):
+//
+//	go run ./cmd/bench-compare            (make bench-compare)
+//
+// The request is Rocket-Rides-shaped: record the idempotency key, insert a
+// ride, charge the rider at a payment API (an in-process fake, over HTTP on
+// loopback, with an idempotency key), record the charge on the ride, insert
+// an outbox row and store the response. Four designs answer it:
+//
+//	(a) hand-written pgx: one statement records the key and inserts the
+//	    ride, the call, then one pipelined transaction (a batch, BEGIN …
+//	    COMMIT) records the charge, the outbox row and the response;
+//	(b) atomicphase: a local phase create_ride, a foreign phase charge
+//	    whose record step writes the rest and responds, through Runner.Run;
+//	(c) replays of finished keys through Runner.Run;
+//	(d) a primary-key SELECT of a key row's response: the floor of (c).
+//
+// Every design runs at each concurrency in every round, interleaved, for a
+// fixed duration; after each measurement the database and the payment API
+// are checked (one ride, one charge and one outbox row per answered request,
+// no unfinished key), and any mismatch fails the command. docs/performance.md
+// explains the table it prints.
+//
+// It starts its own PostgreSQL (internal/pgtemp, durable settings) unless
+// DATABASE_URL is set, in which case it measures there with that server's
+// settings, in a database it creates and drops.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
+)
+
+// options are the command's flags.
+type options struct {
+	duration    time.Duration
+	warmup      time.Duration
+	rounds      int
+	clients     []int
+	replayKeys  int
+	cpuprofile  string
+	pgss        bool
+	diagClients int
+}
+
+func parseFlags(args []string, errOut io.Writer) (*options, error) {
+	fs := flag.NewFlagSet("bench-compare", flag.ContinueOnError)
+	fs.SetOutput(errOut)
+	o := &options{}
+	clients := fs.String("clients", "1,8,32", "the `list` of concurrent client counts to measure, comma-separated")
+	fs.DurationVar(&o.duration, "duration", 3*time.Second, "how long each measurement runs (one design at one concurrency in one round)")
+	fs.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "how long each design runs at each concurrency before the rounds, unmeasured")
+	fs.IntVar(&o.rounds, "rounds", 5, "how many rounds; each runs every design at every concurrency")
+	fs.IntVar(&o.replayKeys, "replay-keys", 2000, "how many finished keys the replay designs read")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "after the rounds, run each design at -diag-clients clients once more and write this process's CPU profile of atomicphase (b) to `FILE`, and of (a), (c) and (d) to FILE with -handwritten, -replay and -pkselect before its extension")
+	fs.BoolVar(&o.pgss, "pgss", false, "enable pg_stat_statements and, after the rounds, print each design's top statements by total time at -diag-clients clients")
+	fs.IntVar(&o.diagClients, "diag-clients", 8, "the concurrency of the -cpuprofile and -pgss runs")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	for _, f := range strings.Split(*clients, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("-clients: %q is not a positive number", f)
+		}
+		o.clients = append(o.clients, n)
+	}
+	switch {
+	case o.rounds < 1:
+		return nil, errors.New("-rounds must be at least 1")
+	case o.duration <= 0:
+		return nil, errors.New("-duration must be positive")
+	case o.replayKeys < 1:
+		return nil, errors.New("-replay-keys must be at least 1")
+	case o.diagClients < 1:
+		return nil, errors.New("-diag-clients must be at least 1")
+	}
+	return o, nil
+}
+
+func main() {
+	opts, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench-compare:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err = run(ctx, opts, os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "\nbench-compare: FAILED:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o *options, out io.Writer) error {
+	began := time.Now()
+	maxClients := slices.Max(append(slices.Clone(o.clients), o.diagClients))
+	fmt.Fprintf(out, "bench-compare: atomicphase next to hand-written pgx, one Rocket-Rides-shaped request\n")
+	fmt.Fprintf(out, "machine: %d CPUs (%s), GOMAXPROCS %d, %s %s/%s, load average %s; clients, the fake payment API and PostgreSQL share the CPUs\n",
+		runtime.NumCPU(), cpuModel(), runtime.GOMAXPROCS(0), runtime.Version(), runtime.GOOS, runtime.GOARCH, loadAverage())
+
+	url, serverCPU, stopServer, err := openServer(ctx, out, 4*maxClients+8, o.pgss)
+	if err != nil {
+		return err
+	}
+	defer stopServer()
+	db, err := createDatabase(ctx, url, o.pgss)
+	if err != nil {
+		return err
+	}
+	defer db.drop()
+	info, err := readServerInfo(ctx, db.admin)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "PostgreSQL: %s\nsettings: %s\n", info.version, strings.Join(info.settings, " "))
+
+	fake, err := fakestripe.Start()
+	if err != nil {
+		return err
+	}
+	defer fake.Close()
+	fmt.Fprintf(out, "payment API: fakestripe at %s, in this process\n", fake.URL)
+
+	b, err := newBench(ctx, db.config, db.admin, fake, maxClients)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	b.serverCPU = serverCPU
+	t0 := time.Now()
+	if err := b.createFinished(ctx, o.replayKeys); err != nil {
+		return fmt.Errorf("create the keys to replay: %w", err)
+	}
+	fmt.Fprintf(out, "replay pool: %d keys finished through atomicphase in %s, verified\n", o.replayKeys, time.Since(t0).Round(time.Millisecond))
+	fmt.Fprintf(out, "plan: %d rounds × clients %s × 4 designs × %s, interleaved (each ratio's two designs back to back, the order changing each round), after a %s warm-up of each\n",
+		o.rounds, joinInts(o.clients), o.duration, o.warmup)
+
+	for _, n := range o.clients {
+		for _, d := range b.designs {
+			if _, err := b.measure(ctx, d, fmt.Sprintf("w-c%d", n), n, o.warmup, nil); err != nil {
+				return fmt.Errorf("warm-up: %w", err)
+			}
+		}
+	}
+	// Start the measurements from a clean slate: the warm-up's and the
+	// replay pool's writes on disk, and no checkpoint due for
+	// checkpoint_timeout.
+	if _, err := db.admin.Exec(ctx, "CHECKPOINT"); err != nil {
+		fmt.Fprintf(out, "note: CHECKPOINT refused (%v); measuring without it\n", err)
+	}
+	fmt.Fprintf(out, "warm-up done and verified; measuring\n\n")
+
+	rs := newResults(o.rounds)
+	cells := 0
+	for r := 1; r <= o.rounds; r++ {
+		for _, n := range o.clients {
+			order := roundOrder(b.designs, r)
+			var line []string
+			var others []float64
+			for _, d := range order {
+				res, err := b.measure(ctx, d, fmt.Sprintf("r%d-c%d", r, n), n, o.duration, nil)
+				if err != nil {
+					return err
+				}
+				rs.add(res)
+				cells++
+				line = append(line, fmt.Sprintf("(%s) %.0f/s", d.code, res.perSecond()))
+				others = append(others, res.others)
+			}
+			fmt.Fprintf(out, "round %d/%d, %-10s %s  verified, %s\n", r, o.rounds, clientsLabel(n)+":", strings.Join(line, "  "), othersLabel(others))
+		}
+	}
+	fmt.Fprintf(out, "\nall %d measurements verified: one ride, one charge (database and payment API) and one outbox row per answered request; no unfinished key\n", cells)
+	rs.print(out, o.clients, b.designs)
+
+	if o.cpuprofile != "" || o.pgss {
+		if err := diagnose(ctx, out, b, o); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(out, "\ntotal time %s, load average %s\n", time.Since(began).Round(time.Second), loadAverage())
+	return nil
+}
+
+// diagnose runs each design once more at o.diagClients clients, with a CPU
+// profile of each and/or pg_stat_statements' top statements.
+func diagnose(ctx context.Context, out io.Writer, b *bench, o *options) error {
+	n := o.diagClients
+	fmt.Fprintf(out, "\ndiagnostics: each design once more at %d clients for %s (not in the tables above)\n", n, o.duration)
+	for _, d := range b.designs {
+		h := &hooks{}
+		var profile *os.File
+		file := ""
+		if o.cpuprofile != "" {
+			file = profileFile(o.cpuprofile, d.code)
+		}
+		h.before = func() error {
+			if o.pgss {
+				if _, err := b.admin.Exec(ctx, "SELECT pg_stat_statements_reset()"); err != nil {
+					return fmt.Errorf("-pgss: %w", err)
+				}
+			}
+			if file != "" {
+				f, err := os.Create(file)
+				if err != nil {
+					return err
+				}
+				if err := pprof.StartCPUProfile(f); err != nil {
+					f.Close()
+					return err
+				}
+				profile = f
+			}
+			return nil
+		}
+		h.after = func(res *cellResult) error {
+			if profile != nil {
+				pprof.StopCPUProfile()
+				if err := profile.Close(); err != nil {
+					return err
+				}
+			}
+			fmt.Fprintf(out, "\n(%s) %s: %.0f req/s, %.2f round trips and %.2f commits per request\n",
+				d.code, d.name, res.perSecond(), float64(res.counts.trips)/float64(res.requests), float64(res.counts.commits)/float64(res.requests))
+			if file != "" {
+				fmt.Fprintf(out, "  CPU profile: %s (go tool pprof -top %s)\n", file, file)
+			}
+			if o.pgss {
+				return pgssTop(ctx, out, b.admin, res, 8)
+			}
+			return nil
+		}
+		if _, err := b.measure(ctx, d, fmt.Sprintf("x-c%d", n), n, o.duration, h); err != nil {
+			if profile != nil {
+				pprof.StopCPUProfile()
+				profile.Close()
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// roundOrder is the order the designs run in, in round r (from 1): each
+// ratio's two designs, (a) with (b) and (c) with (d), run next to each
+// other, so that a change in the machine's load between them is short;
+// which pair goes first and which design of each pair goes first changes
+// from round to round.
+func roundOrder(d []*design, r int) []*design {
+	a, b, c, dd := d[0], d[1], d[2], d[3]
+	orders := [][]*design{{a, b, c, dd}, {dd, c, b, a}, {b, a, dd, c}, {c, dd, a, b}}
+	return orders[(r-1)%len(orders)]
+}
+
+// othersLabel says how much of the machine's CPU time other work took
+// during measurements (each cell's share; -1 when unknown).
+func othersLabel(shares []float64) string {
+	var parts []string
+	for _, x := range shares {
+		if x < 0 {
+			return "other work unknown"
+		}
+		parts = append(parts, fmt.Sprintf("%.0f", 100*x))
+	}
+	return "other work " + strings.Join(parts, "/") + "% of the CPUs"
+}
+
+// loadAverage is the machine's load average over the last minute, from
+// /proc/loadavg: other work sharing the CPUs shows there.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	if f := strings.Fields(string(b)); len(f) > 0 {
+		return f[0]
+	}
+	return "unknown"
+}
+
+// profileFile names the CPU profile of design code: name itself for
+// atomicphase (b), name with -handwritten, -replay or -pkselect before its
+// extension for the others.
+func profileFile(name, code string) string {
+	suffix := map[string]string{"a": "-handwritten", "c": "-replay", "d": "-pkselect"}[code]
+	ext := filepath.Ext(name)
+	return strings.TrimSuffix(name, ext) + suffix + ext
+}
+
+// clientsLabel is "1 client" or "N clients".
+func clientsLabel(n int) string {
+	if n == 1 {
+		return "1 client"
+	}
+	return fmt.Sprintf("%d clients", n)
+}
+
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}

@@ -1,0 +1,177 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// results holds the measurements, by clients and design, one per round.
+type results struct {
+	rounds int
+	cells  map[int]map[string][]*cellResult
+}
+
+func newResults(rounds int) *results {
+	return &results{rounds: rounds, cells: map[int]map[string][]*cellResult{}}
+}
+
+func (rs *results) add(r *cellResult) {
+	if rs.cells[r.clients] == nil {
+		rs.cells[r.clients] = map[string][]*cellResult{}
+	}
+	rs.cells[r.clients][r.design] = append(rs.cells[r.clients][r.design], r)
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func medianOf(cells []*cellResult, f func(*cellResult) float64) float64 {
+	xs := make([]float64, len(cells))
+	for i, c := range cells {
+		xs[i] = f(c)
+	}
+	return median(xs)
+}
+
+// perRequest sums a counter over the rounds and divides by the requests.
+func perRequest(cells []*cellResult, f func(*cellResult) float64) float64 {
+	var sum, n float64
+	for _, c := range cells {
+		sum += f(c)
+		n += float64(c.requests)
+	}
+	return sum / n
+}
+
+func ms(d float64) string { return fmt.Sprintf("%.2fms", d/float64(time.Millisecond)) }
+
+// ratios returns, round by round, num's req/s over den's, and their median.
+func (rs *results) ratios(clients int, num, den string) ([]float64, float64) {
+	a, b := rs.cells[clients][num], rs.cells[clients][den]
+	var out []float64
+	for i := range min(len(a), len(b)) {
+		out = append(out, a[i].perSecond()/b[i].perSecond())
+	}
+	return out, median(out)
+}
+
+func fmtRatios(xs []float64) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = fmt.Sprintf("%.2f", x)
+	}
+	return strings.Join(s, " ")
+}
+
+// print writes a table per concurrency, then the ratios.
+func (rs *results) print(out io.Writer, clients []int, designs []*design) {
+	for _, n := range clients {
+		fmt.Fprintf(out, "\n%s\n", clientsLabel(n))
+		fmt.Fprintf(out, "%-24s %7s %9s %9s %12s %7s %9s %10s %11s %14s %14s\n",
+			"design", "req/s", "p50", "p99", "commits/req", "RT/req", "xids/req", "WAL B/req", "allocs/req", "client µs/req", "server µs/req")
+		for _, d := range designs {
+			cells := rs.cells[n][d.code]
+			if len(cells) == 0 {
+				continue
+			}
+			server := "-"
+			if cells[0].serverCPU >= 0 {
+				server = fmt.Sprintf("%.0f", perRequest(cells, func(c *cellResult) float64 { return float64(c.serverCPU.Microseconds()) }))
+			}
+			fmt.Fprintf(out, "%-24s %7.0f %9s %9s %12.2f %7.2f %9.2f %10.0f %11.0f %14.0f %14s\n",
+				"("+d.code+") "+d.name,
+				medianOf(cells, (*cellResult).perSecond),
+				ms(medianOf(cells, func(c *cellResult) float64 { return float64(c.p50) })),
+				ms(medianOf(cells, func(c *cellResult) float64 { return float64(c.p99) })),
+				perRequest(cells, func(c *cellResult) float64 { return float64(c.counts.commits) }),
+				perRequest(cells, func(c *cellResult) float64 { return float64(c.counts.trips) }),
+				perRequest(cells, func(c *cellResult) float64 { return float64(c.xids) }),
+				perRequest(cells, func(c *cellResult) float64 { return float64(c.walBytes) }),
+				perRequest(cells, func(c *cellResult) float64 { return float64(c.mallocs) }),
+				perRequest(cells, func(c *cellResult) float64 { return float64(c.cpu.Microseconds()) }),
+				server)
+		}
+		var others []float64
+		for _, d := range designs {
+			for _, c := range rs.cells[n][d.code] {
+				if c.others >= 0 {
+					others = append(others, c.others)
+				}
+			}
+		}
+		if len(others) > 0 {
+			fmt.Fprintf(out, "  other work on the machine during these measurements: median %.0f%%, at most %.0f%% of the CPUs\n",
+				100*median(others), 100*slices.Max(others))
+		}
+		if xs, m := rs.ratios(n, "b", "a"); len(xs) > 0 {
+			fmt.Fprintf(out, "  atomicphase / hand-written req/s, by round: %s → median %.2f\n", fmtRatios(xs), m)
+		}
+		if xs, m := rs.ratios(n, "c", "d"); len(xs) > 0 {
+			fmt.Fprintf(out, "  replay / PK select req/s, by round:         %s → median %.2f\n", fmtRatios(xs), m)
+		}
+	}
+	fmt.Fprintf(out, "\nratios of req/s (median over rounds of the ratio within each round)\n")
+	fmt.Fprintf(out, "%-8s %26s %20s\n", "clients", "atomicphase/hand-written", "replay/PK select")
+	for _, n := range clients {
+		_, ab := rs.ratios(n, "b", "a")
+		_, cd := rs.ratios(n, "c", "d")
+		fmt.Fprintf(out, "%-8d %26.2f %20.2f\n", n, ab, cd)
+	}
+}
+
+// pgssTop prints the statements that took the most server time since the
+// last reset, per request of res.
+func pgssTop(ctx context.Context, out io.Writer, admin *pgxpool.Pool, res *cellResult, limit int) error {
+	rows, err := admin.Query(ctx, `
+		SELECT calls, total_exec_time, rows, wal_bytes::float8, regexp_replace(query, '\s+', ' ', 'g'),
+		       sum(total_exec_time) OVER ()
+		FROM pg_stat_statements
+		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+		  AND query NOT ILIKE '%pg_stat_statements%'
+		ORDER BY total_exec_time DESC`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	req := float64(res.requests)
+	fmt.Fprintf(out, "  %9s %9s %9s %9s %6s  %s\n", "calls/req", "mean", "time/req", "WAL B/req", "share", "statement")
+	shown := 0
+	var total float64
+	for rows.Next() {
+		var calls, nrows int64
+		var totalMS, wal float64
+		var query string
+		if err := rows.Scan(&calls, &totalMS, &nrows, &wal, &query, &total); err != nil {
+			return err
+		}
+		if shown >= limit {
+			continue
+		}
+		shown++
+		if len(query) > 100 {
+			query = query[:97] + "..."
+		}
+		fmt.Fprintf(out, "  %9.2f %7.3fms %7.3fms %9.0f %5.1f%%  %s\n",
+			float64(calls)/req, totalMS/float64(calls), totalMS/req, wal/req, 100*totalMS/max(total, 1e-9), query)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "  server execution time, all statements: %.3fms per request\n", total/req)
+	return nil
+}
