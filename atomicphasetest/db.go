@@ -103,13 +103,13 @@ func Main(m *testing.M) int {
 		fmt.Printf("atomicphasetest: stopping PgBouncer: %v\n", err)
 	}
 	shared.bouncer, shared.bounceErr = nil, nil
+	if shared.citus != nil { // its spare databases are dropped through its admin pool
+		shared.citus.close()
+		shared.citus, shared.admin = nil, nil
+	}
 	if shared.admin != nil {
 		shared.admin.Close()
 		shared.admin = nil
-	}
-	if shared.citus != nil {
-		shared.citus.close()
-		shared.citus = nil
 	}
 	if err := shared.srv.Stop(); err != nil {
 		fmt.Printf("atomicphasetest: stopping PostgreSQL: %v\n", err)
