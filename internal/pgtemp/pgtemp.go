@@ -8,7 +8,7 @@
 //
 // A cluster is initialised in a new temporary directory (on /dev/shm when
 // there is room, where cloning a database is ten times faster than on a
-// disk), listens on a free loopback port, trusts local connections as the
+// disk; on a disk for a durable server, see Options), listens on a free loopback port, trusts local connections as the
 // postgres role, and runs as the postgres OS user when the process is root
 // (PostgreSQL refuses to run as root). Stop shuts it down and removes the
 // directory; if the process dies first, even by SIGKILL, a watchdog process
