@@ -60,6 +60,21 @@
 // the binary the test is skipped; SkipWithoutPgBouncer skips a parent test
 // once instead of each subtest.
 //
+// # Citus
+//
+// CitusURLEnv (ATOMICPHASE_TEST_CITUS_URL) switches every NewDB and Open to
+// a Citus coordinator and its registered workers: each database is created
+// on every node with the citus extension (nothing is cloned: Citus copies
+// no database from a template but template1), the workers registered in
+// it, four shards per table, the schema migrated and distributed as the
+// repository's docs/scale.md says, Options.Setup run, and the tables
+// Options.Distribute names distributed, colocated with the key table. A
+// few databases are created ahead while tests run; those of a test process
+// that died are dropped by the next one. OnCitus tells a test which mode
+// it runs in; SkipOnCitus skips one, naming the Citus limitation. The
+// repository's scripts/citus-cluster starts a local coordinator and two
+// workers from an installed Citus; `make test/citus` runs the suites there.
+//
 // # Exploring faults
 //
 // Explore runs a Scenario once cleanly, recording the fault points it
