@@ -119,11 +119,6 @@ func (r *Runner) peek(ctx context.Context, conn *pgx.Conn, req *Request, workflo
 type recording struct {
 	sql  string
 	args []any
-	// req, fp and state are the request's, for recording the key on its
-	// own when the transaction that carried the recording failed.
-	req   *Request
-	fp    Fingerprint
-	state []byte
 	// sent and recorded say how its latest sending went: recorded is
 	// false when the key existed.
 	sent, recorded bool
@@ -155,7 +150,7 @@ func (rec *recording) read(br pgx.BatchResults) error {
 
 // newRecording makes the recording of req's key under token.
 func (r *Runner) newRecording(req *Request, workflow string, fp Fingerprint, state []byte, token int64) *recording {
-	return &recording{sql: r.sql.record, req: req, fp: fp, state: state,
+	return &recording{sql: r.sql.record,
 		args: []any{req.Scope, req.Key, workflow, fp[:], req.Method, req.Path, state, token}}
 }
 

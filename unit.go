@@ -60,6 +60,14 @@ func (a *attempt) failed(pr phaseRun, err error) {
 	pr.end(err)
 }
 
+// endRolledBack ends the spans of phases that rolled back with the failed
+// phase of their transaction: they neither committed nor failed themselves.
+func endRolledBack(ran []phaseRun, failed string) {
+	for _, done := range ran {
+		done.end(fmt.Errorf("atomicphase: rolled back with phase %q, which shares its transaction", failed))
+	}
+}
+
 // unitError is a unit's failure, charged to the phase it happened in.
 type unitError struct {
 	phase string
@@ -258,9 +266,7 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 		p := recover()
 		if p != nil {
 			a.failed(pr, fmt.Errorf("panic: %v", p))
-			for _, done := range ran {
-				done.end(fmt.Errorf("atomicphase: rolled back with phase %q, which shares its transaction", pr.name))
-			}
+			endRolledBack(ran, pr.name)
 		}
 		switch {
 		case ue != nil && errors.Is(ue.err, ErrCrashed) && p == nil:
@@ -285,9 +291,7 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 			err = errNotRecorded
 		}
 		a.failed(pr, err)
-		for _, done := range ran {
-			done.end(fmt.Errorf("atomicphase: rolled back with phase %q, which shares its transaction", pr.name))
-		}
+		endRolledBack(ran, pr.name)
 		return res, &unitError{phase: phase, err: err}
 	}
 
