@@ -1,13 +1,10 @@
 package atomicphase
 
-import (
-	"crypto/sha256"
-	"encoding/binary"
-)
+import "github.com/atomicphase/atomicphase/internal/fingerprint"
 
 // Fingerprint is the SHA-256 of what identifies a request. A key reused with
 // another fingerprint is misuse, never a replay.
-type Fingerprint [sha256.Size]byte
+type Fingerprint [fingerprint.Size]byte
 
 // FingerprintOf returns the fingerprint of a request's method, path and JSON
 // parameters. The parameters are canonicalised first (RFC 8785: members
@@ -27,23 +24,47 @@ type Fingerprint [sha256.Size]byte
 // is not one JSON value in valid UTF-8. The Runner answers such params with
 // ErrInvalidRequest.
 func FingerprintOf(method, path string, params []byte) (Fingerprint, error) {
-	canon, err := CanonicalJSON(params)
-	if err != nil {
-		return Fingerprint{}, err
-	}
-	return Fingerprint(hashParts("atomicphase-fingerprint-v1", method, path, string(canon))), nil
+	fp, err := fingerprint.Of(method, path, params)
+	return Fingerprint(fp), err
 }
 
-// hashParts hashes each part behind its length, so no two distinct lists of
-// parts collide by concatenation ("ab","c" versus "a","bc"). The parts are
-// laid out in one buffer (on the stack when they are short) and hashed at
-// once: no hasher is allocated.
-func hashParts(parts ...string) [sha256.Size]byte {
-	var stack [512]byte
-	buf := stack[:0]
-	for _, part := range parts {
-		buf = binary.BigEndian.AppendUint64(buf, uint64(len(part)))
-		buf = append(buf, part...)
-	}
-	return sha256.Sum256(buf)
+// MaxJSONDepth is how deeply CanonicalJSON lets arrays and objects nest; a
+// document nested deeper is an error. Request parameters nest a few levels,
+// so 128 refuses no real request; it is serde_json's default limit too, and
+// below encoding/json's 10 000, so whatever CanonicalJSON accepts the
+// Runner can decode. The limit bounds the canonicaliser's stack and its
+// worst case: putting members in order moves a byte once for each object
+// around it, so no document costs more than 128 passes over it.
+const MaxJSONDepth = fingerprint.MaxJSONDepth
+
+// CanonicalJSON returns the RFC 8785 canonical form of a JSON document:
+// members sorted by the UTF-16 code units of their names, insignificant
+// whitespace removed, strings escaped only where they must be, numbers
+// written the way ECMAScript writes the double they name. Empty or
+// all-whitespace input canonicalises to empty output.
+//
+// It accepts only documents that every later reader sees the way the
+// canonical form does, and returns an error for
+//
+//   - arrays and objects nested deeper than MaxJSONDepth, answered as soon
+//     as the limit is passed;
+//   - a number not numerically equal to the shortest form of the double
+//     closest to it, so that two numbers naming one double could differ:
+//     9007199254740993, 0.10000000000000000001 and 1e-400 are errors, 0.1,
+//     1.50 and 15e-1 (all written 1.5) are not. Such numbers must be sent
+//     as strings. A number beyond the double range (1e400) is an error too;
+//   - an object with two member names equal under Unicode simple case
+//     folding (strings.EqualFold), exact duplicates included, at any depth,
+//     since encoding/json matches names to fields ignoring case;
+//   - a string or member name holding U+0000, which PostgreSQL text cannot
+//     store, or an unpaired surrogate escape such as "\ud800", which is no
+//     character (encoding/json would quietly read U+FFFD);
+//   - anything else that is not one JSON value in valid UTF-8, trailing
+//     data included.
+//
+// It reads the document once, in time linear in its length: objects out of
+// order are rewritten in place, which for objects nested in objects
+// multiplies the work by at most twice MaxJSONDepth.
+func CanonicalJSON(doc []byte) ([]byte, error) {
+	return fingerprint.CanonicalJSON(doc)
 }

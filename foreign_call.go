@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"net/http"
 	"sync"
+
+	"github.com/atomicphase/atomicphase/internal/fingerprint"
 )
 
 // ForeignCall guards a foreign phase's single call outside the database and
@@ -134,9 +136,9 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 func downstreamKey(salt, workflow, scope, key, phase string) string {
 	var sum [32]byte
 	if salt == "" {
-		sum = hashParts("atomicphase-downstream-v1", workflow, scope, key, phase)
+		sum = fingerprint.HashParts("atomicphase-downstream-v1", workflow, scope, key, phase)
 	} else {
-		sum = hashParts("atomicphase-downstream-v2", salt, workflow, scope, key, phase)
+		sum = fingerprint.HashParts("atomicphase-downstream-v2", salt, workflow, scope, key, phase)
 	}
 	return "ap_" + hex.EncodeToString(sum[:20])
 }

@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+
+	"github.com/atomicphase/atomicphase/internal/fingerprint"
 )
 
 // decodeInput decodes a request's JSON parameters into in, a pointer to the
@@ -56,7 +58,7 @@ func checkExactNames(doc any, t reflect.Type, path string) error {
 			for name, member := range v {
 				f, ok := fields.exact[name]
 				if !ok {
-					if want, folded := fields.folded[foldName(name)]; folded {
+					if want, folded := fields.folded[fingerprint.FoldName(name)]; folded {
 						return fmt.Errorf("member %q%s does not match field %q: member names are case-sensitive", name, at(path), want)
 					}
 					continue
@@ -100,17 +102,6 @@ type structFields struct {
 
 var fieldCache sync.Map // reflect.Type → *structFields
 
-// foldName folds every rune of name to the least rune of its simple case
-// folding orbit, the way encoding/json's lenient match equates names (and
-// the canonicaliser's case-twin check does): "ſku" folds like "SKU".
-func foldName(name string) string {
-	var b strings.Builder
-	for _, r := range name {
-		b.WriteRune(foldRune(r))
-	}
-	return b.String()
-}
-
 func fieldsOf(t reflect.Type) *structFields {
 	if f, ok := fieldCache.Load(t); ok {
 		return f.(*structFields)
@@ -148,7 +139,7 @@ func collectFields(t reflect.Type, f *structFields, depth int) {
 		}
 		if _, dup := f.exact[name]; !dup {
 			f.exact[name] = ft
-			f.folded[foldName(name)] = name
+			f.folded[fingerprint.FoldName(name)] = name
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package atomicphase
+package fingerprint
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package atomicphase
+package fingerprint
 
 import (
 	"bytes"
@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -267,6 +268,18 @@ func compareFolded(a, b []byte) int {
 		a, b = a[na:], b[nb:]
 	}
 	return cmp.Compare(len(a), len(b))
+}
+
+// FoldName folds every rune of name to the least rune of its simple case
+// folding orbit, the way encoding/json's lenient match equates names (and
+// the canonicaliser's case-twin check does): "ſku" folds like "SKU". The
+// Runner's input decoding folds field names with it.
+func FoldName(name string) string {
+	var b strings.Builder
+	for _, r := range name {
+		b.WriteRune(foldRune(r))
+	}
+	return b.String()
 }
 
 // foldRune returns the smallest rune of r's simple case-folding orbit, the

@@ -1,4 +1,4 @@
-package atomicphase_test
+package fingerprint_test
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/internal/fingerprint"
 )
 
 func TestCanonicalJSON(t *testing.T) {
@@ -41,7 +41,7 @@ func TestCanonicalJSON(t *testing.T) {
 		{`[null,false,-1,0.5,"x",[],{}]`, `[null,false,-1,0.5,"x",[],{}]`},
 	}
 	for _, c := range cases {
-		got, err := atomicphase.CanonicalJSON([]byte(c.in))
+		got, err := fingerprint.CanonicalJSON([]byte(c.in))
 		require.NoError(t, err, c.in)
 		require.Equal(t, c.want, string(got), c.in)
 	}
@@ -57,7 +57,7 @@ func TestCanonicalJSONRejects(t *testing.T) {
 		`"abc`, `"\`, `"\x"`, `"\u12"`, `"\u12G4"`, "\"a\tb\"", "\"\xc3\"", "\xc3\xa9",
 		"\xef\xbb\xbf{}", "{}\x00", "\v{}",
 	} {
-		_, err := atomicphase.CanonicalJSON([]byte(in))
+		_, err := fingerprint.CanonicalJSON([]byte(in))
 		require.Error(t, err, in)
 	}
 }
@@ -73,24 +73,24 @@ func TestCanonicalJSONDepth(t *testing.T) {
 		return []byte(strings.Repeat(open, depth) + leaf + strings.Repeat(close, depth))
 	}
 	for _, doc := range [][]byte{
-		nested("[", "", "]", atomicphase.MaxJSONDepth),
-		nested(`{"a":`, "0", "}", atomicphase.MaxJSONDepth),
-		nested(`[{"a":`, "0", "}]", atomicphase.MaxJSONDepth/2),
+		nested("[", "", "]", fingerprint.MaxJSONDepth),
+		nested(`{"a":`, "0", "}", fingerprint.MaxJSONDepth),
+		nested(`[{"a":`, "0", "}]", fingerprint.MaxJSONDepth/2),
 	} {
-		got, err := atomicphase.CanonicalJSON(doc)
+		got, err := fingerprint.CanonicalJSON(doc)
 		require.NoError(t, err)
 		require.Equal(t, string(doc), string(got))
 	}
 	for _, doc := range [][]byte{
-		nested("[", "", "]", atomicphase.MaxJSONDepth+1),
-		nested(`{"a":`, "0", "}", atomicphase.MaxJSONDepth+1),
-		nested(`[{"a":`, "0", "}]", atomicphase.MaxJSONDepth/2+1),
+		nested("[", "", "]", fingerprint.MaxJSONDepth+1),
+		nested(`{"a":`, "0", "}", fingerprint.MaxJSONDepth+1),
+		nested(`[{"a":`, "0", "}]", fingerprint.MaxJSONDepth/2+1),
 		nested(`{"a":`, "0", "}", 200_000),
 		bytes.Repeat([]byte("["), 8<<20),
 		bytes.Repeat([]byte(`{"a":`), 8<<20/5),
 	} {
-		_, err := atomicphase.CanonicalJSON(doc)
-		require.ErrorContains(t, err, fmt.Sprintf("nested deeper than %d levels", atomicphase.MaxJSONDepth))
+		_, err := fingerprint.CanonicalJSON(doc)
+		require.ErrorContains(t, err, fmt.Sprintf("nested deeper than %d levels", fingerprint.MaxJSONDepth))
 	}
 }
 
@@ -123,7 +123,7 @@ func TestCanonicalJSONNumbers(t *testing.T) {
 		`-2.2250738585072014E-308`:        `-2.2250738585072014e-308`,
 		`333333333.3333333`:               `333333333.3333333`,
 	} {
-		got, err := atomicphase.CanonicalJSON([]byte(in))
+		got, err := fingerprint.CanonicalJSON([]byte(in))
 		require.NoError(t, err, in)
 		require.Equal(t, want, string(got), in)
 	}
@@ -138,11 +138,11 @@ func TestCanonicalJSONNumbers(t *testing.T) {
 		`-1e-400`,
 		`1.00000000000000000000000000000000000000000000000000000000000000000000001`,
 	} {
-		_, err := atomicphase.CanonicalJSON([]byte(`{"n":[` + in + `]}`))
+		_, err := fingerprint.CanonicalJSON([]byte(`{"n":[` + in + `]}`))
 		require.ErrorContains(t, err, "number "+in+" cannot be represented exactly as an IEEE 754 double; send it as a string")
 	}
 	for _, in := range []string{`1e400`, `-1e400`, `1.8e308`} {
-		_, err := atomicphase.CanonicalJSON([]byte(in))
+		_, err := fingerprint.CanonicalJSON([]byte(in))
 		require.ErrorContains(t, err, "outside the IEEE 754 double range", in)
 	}
 }
@@ -169,7 +169,7 @@ func FuzzCanonicalJSONNumber(f *testing.F) {
 		lit := strconv.FormatFloat(x, "egf"[style%3], int(prec%30), 64)
 		value, ok := new(big.Rat).SetString(lit)
 		require.True(t, ok, lit)
-		canon, err := atomicphase.CanonicalJSON([]byte(lit))
+		canon, err := fingerprint.CanonicalJSON([]byte(lit))
 		closest, rangeErr := strconv.ParseFloat(lit, 64)
 		if math.IsInf(closest, 0) { // the largest double rounded up
 			require.Error(t, rangeErr, lit)
@@ -204,7 +204,7 @@ func TestCanonicalJSONCaseInsensitiveDuplicates(t *testing.T) {
 		`{"a":{"x":1,"x":1}}`,
 		`{"\u0041":1,"a":2}`,
 	} {
-		_, err := atomicphase.CanonicalJSON([]byte(in))
+		_, err := fingerprint.CanonicalJSON([]byte(in))
 		require.ErrorContains(t, err, "member name", in)
 	}
 	// Agree with strings.EqualFold, the rule encoding/json decodes by, on
@@ -228,7 +228,7 @@ func TestCanonicalJSONCaseInsensitiveDuplicates(t *testing.T) {
 		for i, n := range pair {
 			require.NoError(t, json.Unmarshal([]byte(`"`+n+`"`), &names[i]))
 		}
-		_, err := atomicphase.CanonicalJSON([]byte(doc))
+		_, err := fingerprint.CanonicalJSON([]byte(doc))
 		if strings.EqualFold(names[0], names[1]) {
 			require.ErrorContains(t, err, "member name", doc)
 		} else {
@@ -241,11 +241,11 @@ func TestCanonicalJSONCaseInsensitiveDuplicates(t *testing.T) {
 		members = append(members, fmt.Sprintf(`"m%02d":%d`, 39-i, i))
 	}
 	many := "{" + strings.Join(members, ",")
-	got, err := atomicphase.CanonicalJSON([]byte(many + "}"))
+	got, err := fingerprint.CanonicalJSON([]byte(many + "}"))
 	require.NoError(t, err)
 	require.True(t, strings.HasPrefix(string(got), `{"m00":39,"m01":38,`), string(got))
 	for _, dup := range []string{`"M17":0`, `"m17":0`, `"k":0,"\u212a":1`} {
-		_, err = atomicphase.CanonicalJSON([]byte(many + "," + dup + "}"))
+		_, err = fingerprint.CanonicalJSON([]byte(many + "," + dup + "}"))
 		require.ErrorContains(t, err, "member name", dup)
 	}
 }
@@ -262,7 +262,7 @@ func TestCanonicalJSONStringsRejectNULAndLoneSurrogates(t *testing.T) {
 		`{"\u0000":1}`,
 		`{"a":{"b\u0000":1}}`,
 	} {
-		_, err := atomicphase.CanonicalJSON([]byte(in))
+		_, err := fingerprint.CanonicalJSON([]byte(in))
 		require.ErrorContains(t, err, "U+0000", in)
 	}
 	for _, in := range []string{
@@ -277,11 +277,11 @@ func TestCanonicalJSONStringsRejectNULAndLoneSurrogates(t *testing.T) {
 		`{"\udfff":1}`,
 		`{"a":["\ud83d"]}`,
 	} {
-		_, err := atomicphase.CanonicalJSON([]byte(in))
+		_, err := fingerprint.CanonicalJSON([]byte(in))
 		require.ErrorContains(t, err, "surrogate", in)
 	}
 	for _, in := range []string{"\"\x00\"", "\"\xed\xa0\x80\""} { // raw NUL; a surrogate in UTF-8
-		_, err := atomicphase.CanonicalJSON([]byte(in))
+		_, err := fingerprint.CanonicalJSON([]byte(in))
 		require.Error(t, err, in)
 	}
 	for in, want := range map[string]string{
@@ -290,7 +290,7 @@ func TestCanonicalJSONStringsRejectNULAndLoneSurrogates(t *testing.T) {
 		`"\u0001\u001F"`: `"\u0001\u001f"`,
 		`"\ufffd"`:       "\"\ufffd\"",
 	} {
-		got, err := atomicphase.CanonicalJSON([]byte(in))
+		got, err := fingerprint.CanonicalJSON([]byte(in))
 		require.NoError(t, err, in)
 		require.Equal(t, want, string(got), in)
 	}
@@ -328,13 +328,13 @@ func TestCanonicalJSONVectors(t *testing.T) {
 		require.NoError(t, err)
 		want, err := os.ReadFile(filepath.Join("testdata/json-canonicalization/output", filepath.Base(in)))
 		require.NoError(t, err)
-		got, err := atomicphase.CanonicalJSON(doc)
+		got, err := fingerprint.CanonicalJSON(doc)
 		if r, ok := refused[filepath.Base(in)]; ok {
 			require.ErrorContains(t, err, r.why, in)
 			edited := r.in.Replace(string(doc))
 			require.NotEqual(t, string(doc), edited)
 			doc, want = []byte(edited), []byte(r.out.Replace(string(want)))
-			got, err = atomicphase.CanonicalJSON(doc)
+			got, err = fingerprint.CanonicalJSON(doc)
 		}
 		require.NoError(t, err, in)
 		require.Equal(t, string(want), string(got), in)
@@ -365,7 +365,7 @@ func FuzzCanonicalJSON(f *testing.F) {
 		"member name", "U+0000", "unpaired surrogate", "invalid UTF-8",
 	}
 	f.Fuzz(func(t *testing.T, doc []byte) {
-		canon, err := atomicphase.CanonicalJSON(doc)
+		canon, err := fingerprint.CanonicalJSON(doc)
 		if err != nil {
 			if json.Valid(doc) {
 				require.Condition(t, func() bool {
@@ -384,7 +384,7 @@ func FuzzCanonicalJSON(f *testing.F) {
 			return
 		}
 		require.True(t, json.Valid(doc), "%q accepted", doc)
-		again, err := atomicphase.CanonicalJSON(canon)
+		again, err := fingerprint.CanonicalJSON(canon)
 		require.NoError(t, err, "%q", canon)
 		require.Equal(t, string(canon), string(again))
 		var want, got any
@@ -405,7 +405,7 @@ func BenchmarkCanonicalJSON(b *testing.B) {
 	b.SetBytes(int64(len(doc)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := atomicphase.CanonicalJSON(doc); err != nil {
+		if _, err := fingerprint.CanonicalJSON(doc); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -418,7 +418,7 @@ func BenchmarkCanonicalJSONLarge(b *testing.B) {
 	b.SetBytes(int64(len(doc)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := atomicphase.CanonicalJSON(doc); err != nil {
+		if _, err := fingerprint.CanonicalJSON(doc); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -443,13 +443,13 @@ func BenchmarkCanonicalJSONDeep(b *testing.B) {
 		{"open_arrays_8MiB", bytes.Repeat([]byte("["), 8<<20)},
 		// As deep as allowed, every object out of order: the most
 		// reordering a document can ask for.
-		{"objects_at_limit", nested(`{"b":[1,2,3],"a":`, "0", "}", atomicphase.MaxJSONDepth)},
+		{"objects_at_limit", nested(`{"b":[1,2,3],"a":`, "0", "}", fingerprint.MaxJSONDepth)},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			b.SetBytes(int64(len(c.doc)))
 			b.ReportAllocs()
 			for b.Loop() {
-				atomicphase.CanonicalJSON(c.doc) //nolint:errcheck // only the time matters
+				fingerprint.CanonicalJSON(c.doc) //nolint:errcheck // only the time matters
 			}
 		})
 	}

@@ -1,4 +1,4 @@
-package atomicphase_test
+package fingerprint_test
 
 import (
 	"encoding/json"
@@ -10,12 +10,12 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/internal/fingerprint"
 )
 
 func TestFingerprintIdentifiesTheRequest(t *testing.T) {
 	t.Parallel()
-	base, err := atomicphase.FingerprintOf("POST", "/rides", []byte(`{"a":1}`))
+	base, err := fingerprint.Of("POST", "/rides", []byte(`{"a":1}`))
 	require.NoError(t, err)
 	for _, other := range [][3]string{
 		{"PUT", "/rides", `{"a":1}`},
@@ -26,7 +26,7 @@ func TestFingerprintIdentifiesTheRequest(t *testing.T) {
 		// Length-prefixing keeps parts from bleeding into each other.
 		{"POST/", "rides", `{"a":1}`},
 	} {
-		fp, err := atomicphase.FingerprintOf(other[0], other[1], []byte(other[2]))
+		fp, err := fingerprint.Of(other[0], other[1], []byte(other[2]))
 		require.NoError(t, err)
 		require.NotEqual(t, base, fp, "%v", other)
 	}
@@ -46,9 +46,9 @@ func FuzzFingerprint(f *testing.F) {
 
 		a := render(doc, rng, false)
 		b := render(doc, rng, true)
-		fa, err := atomicphase.FingerprintOf("POST", "/x", []byte(a))
+		fa, err := fingerprint.Of("POST", "/x", []byte(a))
 		require.NoError(t, err, a)
-		fb, err := atomicphase.FingerprintOf("POST", "/x", []byte(b))
+		fb, err := fingerprint.Of("POST", "/x", []byte(b))
 		require.NoError(t, err, b)
 		require.Equal(t, fa, fb, "reordering and re-spacing changed the fingerprint:\n%s\n%s", a, b)
 
@@ -57,7 +57,7 @@ func FuzzFingerprint(f *testing.F) {
 			return
 		}
 		c := render(changed, rng, true)
-		fc, err := atomicphase.FingerprintOf("POST", "/x", []byte(c))
+		fc, err := fingerprint.Of("POST", "/x", []byte(c))
 		require.NoError(t, err, c)
 		require.NotEqual(t, fa, fc, "a changed value kept the fingerprint:\n%s\n%s", a, c)
 	})
@@ -218,7 +218,7 @@ func BenchmarkFingerprintOf(b *testing.B) {
 	b.SetBytes(int64(len(params)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := atomicphase.FingerprintOf("POST", "/rides", params); err != nil {
+		if _, err := fingerprint.Of("POST", "/rides", params); err != nil {
 			b.Fatal(err)
 		}
 	}
