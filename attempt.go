@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/atomicphase/atomicphase/internal/keystore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -42,14 +43,14 @@ type attempt struct {
 	// rec is the key's recording while it rides, uncommitted, in the first
 	// unit's transaction (phase fusion); nil once committed, and for keys
 	// acquired on their own.
-	rec *recording
+	rec *keystore.Recording
 	// conn is a connection already in hand, for the first unit.
 	conn *pgxpool.Conn
 }
 
 // newAttempt makes the attempt for a key acquisition took, from the row it
 // returned.
-func newAttempt(r *Runner, wf AnyWorkflow, scope, key string, row *keyRow) *attempt {
+func newAttempt(r *Runner, wf AnyWorkflow, scope, key string, row *keystore.Row) *attempt {
 	// attempts is 1 only for the acquisition that recorded the key: a
 	// takeover or a Resume counts on from the row's own count.
 	a := &attempt{r: r, wf: wf, scope: scope, key: key, token: row.LockToken, attempts: row.Attempts, fresh: row.Attempts == 1,
@@ -69,7 +70,7 @@ type phaseResult struct {
 
 // run runs the workflow's phases from the row's recovery point until one
 // responds or fails.
-func (a *attempt) run(ctx context.Context, row *keyRow) (resp *Response, err error) {
+func (a *attempt) run(ctx context.Context, row *keystore.Row) (resp *Response, err error) {
 	if row.RecoveryPoint != RecoveryPointStarted {
 		a.log(ctx, slog.LevelInfo, "atomicphase: resuming key", "recovery_point", row.RecoveryPoint, "attempt", a.attempts)
 	}
@@ -111,136 +112,13 @@ func (a *attempt) parkOnPanic(ctx context.Context) {
 
 // runnable reports whether this process's workflow has the phase the row
 // resumes at.
-func (a *attempt) runnable(row *keyRow) bool {
+func (a *attempt) runnable(row *keystore.Row) bool {
 	var jumpTarget string
 	if row.JumpTarget != nil {
 		jumpTarget = *row.JumpTarget
 	}
 	_, err := a.wf.resumeAt(row.RecoveryPoint, jumpTarget)
 	return err == nil
-}
-
-// acceptResolution checks that the attempt resumes into a phase of
-// workflow that has a reconcile function, for ResolveUnknown.
-func (a *attempt) acceptResolution(row *keyRow, workflow string) error {
-	if row.Workflow != workflow {
-		return fmt.Errorf("%w: the key belongs to workflow %q, not %q", ErrNotUnknown, row.Workflow, workflow)
-	}
-	var jumpTarget string
-	if row.JumpTarget != nil {
-		jumpTarget = *row.JumpTarget
-	}
-	idx, err := a.wf.resumeAt(row.RecoveryPoint, jumpTarget)
-	steps := a.wf.phaseSteps()
-	if err != nil || idx >= len(steps) || steps[idx].reconcile == nil {
-		return fmt.Errorf("%w: it resumes after %q", ErrNotUnknown, row.RecoveryPoint)
-	}
-	return nil
-}
-
-// reconcile asks whether the call of st, a phase with a reconcile function
-// that this attempt resumed into, took effect before: it returns the state
-// with the call's result and happened true when it did, false when the call
-// must be made, and an error wrapping ErrOutcomeUnknown when it cannot
-// tell. A fresh attempt, or a phase whose downstream has idempotency keys,
-// needs no reconciling.
-func (a *attempt) reconcile(ctx context.Context, st *step, fc *ForeignCall, state []byte) ([]byte, bool, error) {
-	if st.reconcile == nil || a.fresh {
-		return nil, false, nil
-	}
-	e := Event{Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name}
-	var happened bool
-	var out []byte
-	var err error
-	verdict, err := a.takeVerdict(ctx)
-	if err != nil {
-		return nil, false, err
-	}
-	switch {
-	case a.resolve != nil:
-		happened, out, err = a.resolve(state)
-		a.resolve = nil
-	case verdict != nil && !*verdict:
-		happened = false // an operator checked: it did not happen
-	default:
-		happened, out, err = st.reconcile(ctx, fc, state)
-		if verdict != nil && (err != nil || !happened) {
-			// An operator checked: it happened. The reconcile function
-			// could not add the result; go on with the state as it is.
-			happened, out, err = true, state, nil
-		}
-	}
-	switch {
-	case err != nil:
-		e.Kind, e.Err = EventReconcileFailed, err
-		a.r.observe(ctx, e)
-		if errors.Is(err, ErrPermanent) {
-			return nil, false, err
-		}
-		return nil, false, outcomeUnknown(fmt.Errorf("reconcile: %w", err))
-	case happened:
-		e.Kind = EventReconcileHappened
-	default:
-		e.Kind = EventReconcileNotHappened
-	}
-	a.r.observe(ctx, e)
-	return out, happened, nil
-}
-
-// takeVerdictSQL takes, once, an operator's verdict recorded for the phase
-// after the recovery point this attempt resumed at.
-const takeVerdictSQL = `
-UPDATE /* TEMPLATE: schema */idempotency_keys SET resolved_after = NULL
-WHERE scope = $1 AND idempotency_key = $2 AND lock_token = $3 AND resolved_after = $4
-RETURNING resolved_happened`
-
-// takeVerdict returns the operator's verdict on the call this attempt
-// resumed into (Runner.RecordResolution), or nil when none was recorded.
-// It costs a round trip, on the rare path of an attempt that resumes into
-// a phase with a reconcile function.
-func (a *attempt) takeVerdict(ctx context.Context) (*bool, error) {
-	var happened bool
-	err := a.r.pool.QueryRow(ctx, renderSQL(takeVerdictSQL, a.r.cfg.Schema), a.scope, a.key, a.token, a.resumedFrom).Scan(&happened)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	return &happened, nil
-}
-
-// route checks a phase's outcome and says where the workflow goes next and
-// what the phase's commit stores.
-func (a *attempt) route(idx int, st *step, out Outcome, state []byte) (phaseResult, *checkpoint, error) {
-	res := phaseResult{state: state}
-	switch out.kind {
-	case outcomeRespond:
-		if out.resp.Status < 200 || out.resp.Status > 599 {
-			return res, nil, Permanent(fmt.Errorf("phase responded with status %d; a final response is 200-599", out.resp.Status))
-		}
-		resp := out.resp
-		res.resp = &resp
-		cp := &checkpoint{point: RecoveryPointFinished, resp: &resp}
-		if a.wf.keepsFinishedState() {
-			cp.state = state
-		}
-		return res, cp, nil
-	case outcomeJump:
-		for _, t := range st.jumps {
-			if t == out.target {
-				res.nextIdx, _ = a.wf.resumeAt("", t)
-				return res, &checkpoint{point: st.name, jumpTarget: t, state: state}, nil
-			}
-		}
-		return res, nil, Permanent(fmt.Errorf("phase jumped to %q, which it does not declare with WithJumps", out.target))
-	default:
-		if idx+1 >= len(a.wf.phaseSteps()) {
-			return res, nil, Permanent(ErrNoResponse)
-		}
-		res.nextIdx = idx + 1
-		return res, &checkpoint{point: st.name, state: state}, nil
-	}
 }
 
 // fail turns a phase failure into Run's error and releases the key, except

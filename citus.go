@@ -3,11 +3,10 @@ package atomicphase
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/atomicphase/atomicphase/internal/keystore"
 )
 
 // Citus. The key table is distributed by scope, and every function that
@@ -19,23 +18,6 @@ import (
 // scope's rows commits on one worker, without two-phase commit, and every
 // lock time is taken by that worker's clock. docs/scale.md explains it all.
 
-// citusFunctions are the functions distributed by their scope argument,
-// and whether each is delegated inside a transaction block too.
-var citusFunctions = []struct {
-	signature string
-	force     bool
-}{
-	{"atomicphase_acquire(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)", false},
-	{"atomicphase_take(text, text, bigint, bigint, boolean)", false},
-	{"atomicphase_release(text, text, bigint, text, bigint, boolean, boolean)", false},
-	{"atomicphase_unpark(text, text)", false},
-	{"atomicphase_record_resolution(text, text, boolean, text, bigint)", false},
-	// Called inside the phase's transaction (phase fusion, the commit):
-	// without force_delegation they would run on the coordinator.
-	{"atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer)", true},
-	{"atomicphase_checkpoint(text, text, bigint, text, text, bytea, integer, jsonb, bytea)", true},
-}
-
 // CitusDistribution returns the statements that distribute the key table
 // and its functions on a Citus coordinator, for schema ("" for the
 // search_path), in order: what MigrateOpts.Citus runs after the migrations
@@ -43,25 +25,7 @@ var citusFunctions = []struct {
 // yourself after your own migration tool applied the migrations (and again
 // after any migration that recreates a function).
 func CitusDistribution(schema string) []string {
-	table := quoteLiteral(qualifiedName(schema, "idempotency_keys"))
-	stmts := []string{fmt.Sprintf("SELECT create_distributed_table(%s, 'scope')", table)}
-	for _, f := range citusFunctions {
-		stmts = append(stmts, fmt.Sprintf(
-			"SELECT create_distributed_function(%s, 'p_scope', colocate_with := %s, force_delegation := %t)",
-			quoteLiteral(qualifiedName(schema, f.signature)), table, f.force))
-	}
-	return stmts
-}
-
-// qualifiedName is name qualified with schema, as regclass and
-// regprocedure read it ("" leaves it to the search_path).
-func qualifiedName(schema, name string) string {
-	return qualifier(schema) + name
-}
-
-// quoteLiteral quotes s as an SQL string literal.
-func quoteLiteral(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+	return keystore.CitusDistribution(schema)
 }
 
 // ErrNoCitus is returned by Migrate with MigrateOpts.Citus on a database
@@ -79,67 +43,4 @@ func checkCitus(ctx context.Context, db Beginner) error {
 		err = ErrNoCitus
 	}
 	return err
-}
-
-// distributeOnCitus runs CitusDistribution(schema), distributing the table
-// only when it is not distributed yet; create_distributed_function may be
-// called again on a distributed function, and sets what it is told.
-func distributeOnCitus(ctx context.Context, db Beginner, schema string) error {
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	var distributed bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = $1::regclass)`,
-		qualifiedName(schema, "idempotency_keys")).Scan(&distributed); err != nil {
-		return err
-	}
-	// A function already distributed as it should be is left alone, so
-	// that processes starting together do not all rewrite its metadata.
-	done := map[string]bool{}
-	for _, f := range citusFunctions {
-		var ok bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_dist_object
-			WHERE classid = 'pg_proc'::regclass AND objid = $1::regprocedure
-			  AND distribution_argument_index = 0 AND colocationid = (
-			      SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = $2::regclass)
-			  AND force_delegation IS NOT DISTINCT FROM $3)`,
-			qualifiedName(schema, f.signature), qualifiedName(schema, "idempotency_keys"), f.force).Scan(&ok); err != nil {
-			return err
-		}
-		done[f.signature] = ok
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return err
-	}
-	var stmts []string
-	for i, sql := range CitusDistribution(schema) {
-		switch {
-		case i == 0 && distributed:
-		case i > 0 && done[citusFunctions[i-1].signature]:
-		default:
-			stmts = append(stmts, sql)
-		}
-	}
-	// Each statement runs on its own, outside a transaction block when db
-	// can (a pool or a connection): in one, Citus creates the shards over
-	// a single connection per worker.
-	for _, sql := range stmts {
-		var err error
-		if e, ok := db.(interface {
-			Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
-		}); ok {
-			_, err = e.Exec(ctx, sql)
-		} else {
-			err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, sql)
-				return err
-			})
-		}
-		if err != nil {
-			return fmt.Errorf("%s: %w", sql, err)
-		}
-	}
-	return nil
 }

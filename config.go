@@ -8,8 +8,6 @@ import (
 	"math/rand/v2"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // Defaults of Config.
@@ -197,13 +195,4 @@ func checkSchemaName(field, schema string) error {
 		return fmt.Errorf("%s %q may not contain $", field, schema)
 	}
 	return nil
-}
-
-// qualifier is what goes before a table or function name for schema: ""
-// for the search_path, else the quoted schema name and a dot.
-func qualifier(schema string) string {
-	if schema == "" {
-		return ""
-	}
-	return pgx.Identifier{schema}.Sanitize() + "."
 }

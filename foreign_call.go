@@ -3,6 +3,7 @@ package atomicphase
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"net/http"
 	"sync"
 
@@ -141,4 +142,40 @@ func downstreamKey(salt, workflow, scope, key, phase string) string {
 		sum = fingerprint.HashParts("atomicphase-downstream-v2", salt, workflow, scope, key, phase)
 	}
 	return "ap_" + hex.EncodeToString(sum[:20])
+}
+
+// callPhase makes a foreign phase's call (once), or learns by reconciling
+// that an earlier attempt made it, and returns the state with its result.
+// It holds no connection.
+func (a *attempt) callPhase(ctx context.Context, st *step, state []byte) ([]byte, error) {
+	if err := a.fault(ctx, st.name, BeforePhase, nil); err != nil {
+		return nil, err
+	}
+	key := downstreamKey(a.salt, a.wf.Name(), a.scope, a.key, st.downstreamName)
+	// The reconcile function gets a guard of its own, so that a lookup
+	// made through it leaves the call's one claim unspent.
+	out, happened, err := a.reconcile(ctx, st, newForeignCall(key), state)
+	if err != nil || happened {
+		return out, err
+	}
+	fc := newForeignCall(key)
+	out, err = st.call(ctx, fc, state)
+	if ferr := a.fault(ctx, st.name, AfterForeign, nil); ferr != nil {
+		if st.reconcile != nil && !errors.Is(ferr, ErrCrashed) {
+			// Whatever failed after the call, it may have gone out.
+			ferr = outcomeUnknown(ferr)
+			a.r.observe(ctx, Event{Kind: EventUnknown, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name, Err: ferr})
+		}
+		return nil, ferr
+	}
+	if fc.wasViolated() {
+		err = Permanent(ErrSecondForeignCall) // even if the phase swallowed it
+	}
+	if err != nil && st.reconcile != nil && !errors.Is(err, ErrPermanent) {
+		// The call may have gone out: nothing may repeat it now before
+		// reconciliation tells.
+		err = outcomeUnknown(err)
+		a.r.observe(ctx, Event{Kind: EventUnknown, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name, Err: err})
+	}
+	return out, err
 }

@@ -3,7 +3,6 @@ package atomicphase
 import (
 	"context"
 	"embed"
-	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -11,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/atomicphase/atomicphase/internal/keystore"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -27,17 +27,6 @@ type Migration struct {
 	Up string
 	// Down is the SQL that reverts it.
 	Down string
-}
-
-// schemaMarker stands before every table and function name in the
-// migrations and the Runner's statements; renderSQL replaces it with the
-// configured schema.
-const schemaMarker = "/* TEMPLATE: schema */"
-
-// renderSQL qualifies the names in sql with schema ("" leaves them to the
-// search_path).
-func renderSQL(sql, schema string) string {
-	return strings.ReplaceAll(sql, schemaMarker, qualifier(schema))
 }
 
 // MigrateOpts are optional settings of Migrate and Migrations. A nil
@@ -86,9 +75,9 @@ func Migrations(opts *MigrateOpts) []Migration {
 			byVersion[v] = m
 		}
 		if dir == "up" {
-			m.Up = renderSQL(string(body), schema)
+			m.Up = keystore.Render(string(body), schema)
 		} else {
-			m.Down = renderSQL(string(body), schema)
+			m.Down = keystore.Render(string(body), schema)
 		}
 	}
 	out := make([]Migration, 0, len(byVersion))
@@ -136,9 +125,7 @@ func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error)
 		}
 	}
 	if opts != nil && opts.Citus {
-		if err := distributeOnCitus(ctx, db, opts.schema()); errors.Is(err, ErrNoCitus) {
-			return applied, err
-		} else if err != nil {
+		if err := keystore.DistributeOnCitus(ctx, db, opts.schema()); err != nil {
 			return applied, fmt.Errorf("atomicphase: distribute on Citus: %w", err)
 		}
 	}
@@ -161,14 +148,14 @@ func applyMigration(ctx context.Context, db Beginner, schema string, m Migration
 			return false, err
 		}
 	}
-	if _, err := tx.Exec(ctx, renderSQL(`CREATE TABLE IF NOT EXISTS /* TEMPLATE: schema */atomicphase_migration (
+	if _, err := tx.Exec(ctx, keystore.Render(`CREATE TABLE IF NOT EXISTS /* TEMPLATE: schema */atomicphase_migration (
 		version    integer     PRIMARY KEY,
 		name       text        NOT NULL,
 		applied_at timestamptz NOT NULL DEFAULT now())`, schema)); err != nil {
 		return false, err
 	}
 	var exists bool
-	if err := tx.QueryRow(ctx, renderSQL("SELECT EXISTS (SELECT FROM /* TEMPLATE: schema */atomicphase_migration WHERE version = $1)", schema), m.Version).Scan(&exists); err != nil {
+	if err := tx.QueryRow(ctx, keystore.Render("SELECT EXISTS (SELECT FROM /* TEMPLATE: schema */atomicphase_migration WHERE version = $1)", schema), m.Version).Scan(&exists); err != nil {
 		return false, err
 	}
 	if exists {
@@ -182,7 +169,7 @@ func applyMigration(ctx context.Context, db Beginner, schema string, m Migration
 			return false, err
 		}
 	}
-	if _, err := tx.Exec(ctx, renderSQL("INSERT INTO /* TEMPLATE: schema */atomicphase_migration (version, name) VALUES ($1, $2)", schema), m.Version, m.Name); err != nil {
+	if _, err := tx.Exec(ctx, keystore.Render("INSERT INTO /* TEMPLATE: schema */atomicphase_migration (version, name) VALUES ($1, $2)", schema), m.Version, m.Name); err != nil {
 		return false, err
 	}
 	return true, tx.Commit(ctx)
@@ -264,4 +251,29 @@ func dollarTag(s string) string {
 		}
 	}
 	return ""
+}
+
+// CheckSchema reports whether the database has the key table and functions
+// this version of the library needs, in Config.Schema. Call it at start-up:
+// it returns nil when all is there, an error wrapping ErrSchemaMissing that
+// names what is missing and says to run Migrate when not, and a store error
+// when the database cannot be asked. It reads the catalog and writes
+// nothing.
+func (r *Runner) CheckSchema(ctx context.Context) error {
+	missing, err := r.store.Missing(ctx, r.pool)
+	if err != nil {
+		return storeError("check schema", err)
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: missing %s; run atomicphase.Migrate (or apply schema.sql)%s",
+			ErrSchemaMissing, strings.Join(missing, ", "), schemaHint(r.cfg.Schema))
+	}
+	return nil
+}
+
+func schemaHint(schema string) string {
+	if schema == "" {
+		return " on the connection's search_path"
+	}
+	return fmt.Sprintf(" with MigrateOpts.Schema %q", schema)
 }

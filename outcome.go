@@ -92,3 +92,36 @@ type Response struct {
 	// rather than produced by this call.
 	Replayed bool
 }
+
+// route checks a phase's outcome and says where the workflow goes next and
+// what the phase's commit stores.
+func (a *attempt) route(idx int, st *step, out Outcome, state []byte) (phaseResult, *checkpoint, error) {
+	res := phaseResult{state: state}
+	switch out.kind {
+	case outcomeRespond:
+		if out.resp.Status < 200 || out.resp.Status > 599 {
+			return res, nil, Permanent(fmt.Errorf("phase responded with status %d; a final response is 200-599", out.resp.Status))
+		}
+		resp := out.resp
+		res.resp = &resp
+		cp := &checkpoint{point: RecoveryPointFinished, resp: &resp}
+		if a.wf.keepsFinishedState() {
+			cp.state = state
+		}
+		return res, cp, nil
+	case outcomeJump:
+		for _, t := range st.jumps {
+			if t == out.target {
+				res.nextIdx, _ = a.wf.resumeAt("", t)
+				return res, &checkpoint{point: st.name, jumpTarget: t, state: state}, nil
+			}
+		}
+		return res, nil, Permanent(fmt.Errorf("phase jumped to %q, which it does not declare with WithJumps", out.target))
+	default:
+		if idx+1 >= len(a.wf.phaseSteps()) {
+			return res, nil, Permanent(ErrNoResponse)
+		}
+		res.nextIdx = idx + 1
+		return res, &checkpoint{point: st.name, state: state}, nil
+	}
+}

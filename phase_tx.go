@@ -6,6 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/atomicphase/atomicphase/internal/keystore"
 )
 
 // phaseTx is the Tx a phase function receives: one transaction, shared by
@@ -25,7 +27,7 @@ type phaseTx struct {
 	// charged to it.
 	phase string
 	// rec records the key, until sent.
-	rec *recording
+	rec *keystore.Recording
 	// queue holds the statements queued since the last send.
 	queue []queued
 }
@@ -79,7 +81,7 @@ func (t *phaseTx) send(ctx context.Context, tail func(*pgx.Batch)) (pgx.BatchRes
 	rec, queue := t.rec, t.queue
 	t.rec, t.queue = nil, nil
 	if rec != nil {
-		b.Queue(rec.sql, rec.args...)
+		rec.Queue(b)
 	}
 	for _, q := range queue {
 		b.Queue(q.sql, q.args...)
@@ -95,7 +97,7 @@ func (t *phaseTx) send(ctx context.Context, tail func(*pgx.Batch)) (pgx.BatchRes
 		}
 	}
 	if rec != nil {
-		if err := rec.read(br); err != nil {
+		if err := rec.Read(br); err != nil {
 			return nil, closeAfter(br, err)
 		}
 	}

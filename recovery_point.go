@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/atomicphase/atomicphase/internal/keystore"
 )
 
 // Reserved recovery points. A key is recorded at RecoveryPointStarted and
@@ -50,11 +52,6 @@ type checkpoint struct {
 	resp       *Response
 }
 
-// checkpointSQL advances the recovery point if, and only if, the lock token
-// still matches (see atomicphase_checkpoint in schema.sql).
-const checkpointSQL = `SELECT /* TEMPLATE: schema */atomicphase_checkpoint(
-	$1::text, $2::text, $3::bigint, $4::text, $5::text, $6::bytea, $7::integer, $8::jsonb, $9::bytea)`
-
 // commit stores cp with everything the unit wrote through tx, atomically,
 // in one round trip: whatever waits to be sent (BEGIN, the key's recording,
 // queued writes), the checkpoint and COMMIT travel as one batch. The
@@ -63,52 +60,45 @@ const checkpointSQL = `SELECT /* TEMPLATE: schema */atomicphase_checkpoint(
 // unit wrote nothing the checkpoint is a single statement. A lost lock is
 // reported as ErrLockLost.
 func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *checkpoint) error {
-	args, err := a.checkpointArgs(cp)
+	sql, args, err := a.checkpointQuery(cp)
 	if err != nil {
 		return err
 	}
 	if tx.begun() || tx.pending() {
 		var br pgx.BatchResults
 		br, err = tx.send(ctx, func(b *pgx.Batch) {
-			b.Queue(a.r.sql.checkpoint, args...)
+			b.Queue(sql, args...)
 			b.Queue("COMMIT")
 		})
 		if err == nil {
 			err = br.Close()
 		}
 	} else {
-		_, err = conn.Exec(ctx, a.r.sql.checkpoint, args...)
+		_, err = conn.Exec(ctx, sql, args...)
 	}
-	if isLockLost(err) {
+	if keystore.IsLockLost(err) {
 		return ErrLockLost
 	}
 	return err
 }
 
-// checkpointArgs are atomicphase_checkpoint's arguments for cp.
-func (a *attempt) checkpointArgs(cp *checkpoint) ([]any, error) {
-	var jumpTarget *string
+// checkpointQuery is the statement that stores cp, and its arguments.
+func (a *attempt) checkpointQuery(cp *checkpoint) (string, []any, error) {
+	kc := keystore.Checkpoint{Scope: a.scope, Key: a.key, Token: a.token, Point: cp.point, State: cp.state}
 	if cp.jumpTarget != "" {
-		jumpTarget = &cp.jumpTarget
+		kc.JumpTarget = &cp.jumpTarget
 	}
-	args := []any{a.scope, a.key, a.token, cp.point, jumpTarget, cp.state, nil, nil, nil}
 	if resp := cp.resp; resp != nil {
-		// The header travels as JSON text, which a jsonb parameter takes in
-		// every pgx query exec mode, the simple protocol included.
-		var header *string
+		kc.Status, kc.Body = &resp.Status, resp.Body
 		if len(resp.Header) > 0 {
 			b, err := json.Marshal(resp.Header)
 			if err != nil {
-				return nil, Permanent(fmt.Errorf("encode response header: %w", err))
+				return "", nil, Permanent(fmt.Errorf("encode response header: %w", err))
 			}
 			h := string(b)
-			header = &h
+			kc.Header = &h
 		}
-		body := resp.Body
-		if body == nil {
-			body = []byte{}
-		}
-		args[6], args[7], args[8] = resp.Status, header, body
 	}
-	return args, nil
+	sql, args := a.r.store.Checkpoint(&kc)
+	return sql, args, nil
 }

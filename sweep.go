@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // The sweep: what keeps keys from being stranded or kept forever without a
@@ -164,29 +162,6 @@ func (s *Sweeper) RunOnce(ctx context.Context) (SweepResult, error) {
 	return res, nil
 }
 
-// abandonedSQL picks abandoned keys of the registered workflows, the ones
-// waiting longest first.
-const abandonedSQL = `
-SELECT scope, idempotency_key, workflow FROM /* TEMPLATE: schema */idempotency_keys
-WHERE response_status IS NULL AND parked_at IS NULL
-  AND workflow = ANY($1::text[])
-  AND /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($2))
-  AND (next_attempt_at IS NULL OR next_attempt_at <= now())
-ORDER BY next_attempt_at NULLS FIRST
-LIMIT $3`
-
-// unknownSQL counts abandoned keys of workflows this process does not know,
-// per workflow, up to maxUnknown keys in all.
-const unknownSQL = `
-SELECT workflow, count(*)::int FROM (
-    SELECT workflow FROM /* TEMPLATE: schema */idempotency_keys
-    WHERE response_status IS NULL AND parked_at IS NULL
-      AND workflow <> ALL($1::text[])
-      AND /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($2))
-      AND (next_attempt_at IS NULL OR next_attempt_at <= now())
-    LIMIT $3) AS unknown
-GROUP BY workflow ORDER BY workflow`
-
 // MaxUnknownWorkflowKeys bounds SweepResult.UnknownWorkflow: a sweep counts
 // at most this many keys of workflows it does not know.
 const MaxUnknownWorkflowKeys = 1000
@@ -194,38 +169,18 @@ const MaxUnknownWorkflowKeys = 1000
 func (s *Sweeper) complete(ctx context.Context, res *SweepResult) error {
 	r := s.r
 	names := r.workflowNames()
-	timeout := r.cfg.LockTimeout.Microseconds()
-	unknown, err := r.pool.Query(ctx, renderSQL(unknownSQL, r.cfg.Schema), names, timeout, MaxUnknownWorkflowKeys)
-	if err != nil {
-		return storeError("sweep: count keys of unknown workflows", err)
-	}
-	type perWorkflow struct {
-		workflow string
-		n        int
-	}
-	counts, err := pgx.CollectRows(unknown, func(row pgx.CollectableRow) (perWorkflow, error) {
-		var c perWorkflow
-		return c, row.Scan(&c.workflow, &c.n)
-	})
+	counts, err := r.store.UnknownWorkflows(ctx, r.pool, names, MaxUnknownWorkflowKeys)
 	if err != nil {
 		return storeError("sweep: count keys of unknown workflows", err)
 	}
 	for _, c := range counts {
-		res.UnknownWorkflow += c.n
-		r.observe(ctx, Event{Kind: EventUnknownWorkflow, Workflow: c.workflow, Count: c.n})
+		res.UnknownWorkflow += c.N
+		r.observe(ctx, Event{Kind: EventUnknownWorkflow, Workflow: c.Workflow, Count: c.N})
 	}
 	if len(names) == 0 {
 		return nil
 	}
-	rows, err := r.pool.Query(ctx, renderSQL(abandonedSQL, r.cfg.Schema), names, timeout, s.cfg.BatchSize)
-	if err != nil {
-		return storeError("sweep: find abandoned keys", err)
-	}
-	type ref struct{ scope, key, workflow string }
-	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ref, error) {
-		var k ref
-		return k, row.Scan(&k.scope, &k.key, &k.workflow)
-	})
+	keys, err := r.store.Abandoned(ctx, r.pool, names, s.cfg.BatchSize)
 	if err != nil {
 		return storeError("sweep: find abandoned keys", err)
 	}
@@ -234,15 +189,15 @@ func (s *Sweeper) complete(ctx context.Context, res *SweepResult) error {
 			return ctx.Err()
 		}
 		res.Examined++
-		resp, err := s.resumeOne(ctx, k.scope, k.key)
+		resp, err := s.resumeOne(ctx, k.Scope, k.Key)
 		var pe *PhaseError
 		switch {
 		case errors.Is(err, errNotRunnable):
 			res.UnknownWorkflow++
-			r.observe(ctx, Event{Kind: EventUnknownWorkflow, Workflow: k.workflow, Count: 1})
+			r.observe(ctx, Event{Kind: EventUnknownWorkflow, Workflow: k.Workflow, Count: 1})
 		case err == nil && !resp.Replayed:
 			res.Completed++
-			r.observe(ctx, Event{Kind: EventZombieKey, Workflow: k.workflow, Scope: k.scope, Key: k.key})
+			r.observe(ctx, Event{Kind: EventZombieKey, Workflow: k.Workflow, Scope: k.Scope, Key: k.Key})
 		case err == nil, errors.Is(err, ErrInProgress), errors.Is(err, ErrLockLost):
 			res.Busy++ // someone else took it, or finished it, first
 		case errors.As(err, &pe):
@@ -252,7 +207,7 @@ func (s *Sweeper) complete(ctx context.Context, res *SweepResult) error {
 			}
 		default:
 			res.Failed++
-			r.logKey(ctx, slog.LevelWarn, "atomicphase: sweep could not resume key", k.workflow, k.scope, k.key, "error", err)
+			r.logKey(ctx, slog.LevelWarn, "atomicphase: sweep could not resume key", k.Workflow, k.Scope, k.Key, "error", err)
 		}
 	}
 	return nil
@@ -273,22 +228,6 @@ func (s *Sweeper) resumeOne(ctx context.Context, scope, key string) (resp *Respo
 	return s.r.resume(ctx, scope, key, resumeOpts{sweep: true})
 }
 
-// reapSQL deletes one batch of finished keys past their retention, oldest
-// first. It reads every shard of a distributed key table: on Citus the
-// subquery (whose now() each worker evaluates) runs first, and the DELETE
-// then goes to every shard. The DELETE matches finished_at too, so a key
-// forgotten and recorded anew in between is not taken for the one read.
-// Sweeps in several processes reap in turn: the second waits for the
-// first's batch, finds it gone, and stops.
-const reapSQL = `
-DELETE FROM /* TEMPLATE: schema */idempotency_keys
-WHERE (scope, idempotency_key, finished_at) IN (
-    SELECT scope, idempotency_key, finished_at FROM /* TEMPLATE: schema */idempotency_keys
-    WHERE response_status IS NOT NULL
-      AND finished_at < now() - $1::bigint * interval '1 microsecond'
-    ORDER BY finished_at
-    LIMIT $2::integer)`
-
 func (s *Sweeper) reap(ctx context.Context, res *SweepResult) error {
 	n, err := s.r.Reap(ctx, s.cfg.Retention, s.cfg.ReapBatchSize, s.cfg.MaxReapBatches)
 	res.Reaped = n
@@ -303,14 +242,12 @@ func (r *Runner) Reap(ctx context.Context, olderThan time.Duration, batch, maxBa
 	if olderThan < 0 || batch <= 0 || maxBatches <= 0 {
 		return 0, fmt.Errorf("atomicphase: Reap(%s, %d, %d): want a non-negative age and positive batch sizes", olderThan, batch, maxBatches)
 	}
-	sql := renderSQL(reapSQL, r.cfg.Schema)
 	total := 0
 	for range maxBatches {
-		tag, err := r.pool.Exec(ctx, sql, olderThan.Microseconds(), batch)
+		n, err := r.store.Reap(ctx, r.pool, olderThan, batch)
 		if err != nil {
 			return total, storeError("reap keys", err)
 		}
-		n := int(tag.RowsAffected())
 		total += n
 		if n > 0 {
 			r.observe(ctx, Event{Kind: EventTTLPruned, Count: n})

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/internal/keystore"
 	"github.com/atomicphase/atomicphase/internal/pgtemp"
 )
 
@@ -430,7 +431,7 @@ func setUpCitus(ctx context.Context, dbURL string, opts *Options) error {
 		tables = append(tables, table)
 	}
 	slices.Sort(tables)
-	colocate := "idempotency_keys"
+	colocate := keystore.Table
 	if opts.SkipMigrations {
 		colocate = "default"
 	}

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/georgysavva/scany/v2/pgxscan"
+	"github.com/atomicphase/atomicphase/internal/keystore"
 )
 
 // The operator's statements on keys: list them, make one eligible for the
@@ -33,14 +33,6 @@ type KeyFilter struct {
 // DefaultListLimit is KeyFilter.Limit's default.
 const DefaultListLimit = 100
 
-const listKeysSQL = `SELECT * FROM (SELECT ` + keyInfoColumns + `
-    FROM /* TEMPLATE: schema */idempotency_keys
-    WHERE ($1 = '' OR workflow = $1) AND ($2 = '' OR scope = $2)
-      AND created_at < now() - $4 * interval '1 microsecond') AS k
-WHERE ($5 = '' OR k.status = $5)
-ORDER BY created_at, scope, key
-LIMIT $6`
-
 // ListKeys lists keys, oldest first, for operators: the CLI's keys command,
 // a dashboard. It reads every shard of a distributed key table; keep it off
 // request paths.
@@ -57,15 +49,14 @@ func (r *Runner) ListKeys(ctx context.Context, f *KeyFilter) ([]*KeyInfo, error)
 	if limit <= 0 {
 		limit = DefaultListLimit
 	}
-	var rows []*keyInfoRow
-	err := pgxscan.Select(ctx, r.pool, &rows, renderSQL(listKeysSQL, r.cfg.Schema),
-		f.Workflow, f.Scope, r.cfg.LockTimeout.Microseconds(), max(f.OlderThan, 0).Microseconds(), string(f.Status), limit)
+	rows, err := r.store.List(ctx, r.pool, &keystore.Filter{Status: string(f.Status), Workflow: f.Workflow, Scope: f.Scope,
+		OlderThan: f.OlderThan, Limit: limit})
 	if err != nil {
 		return nil, storeError("list keys", err)
 	}
 	out := make([]*KeyInfo, len(rows))
 	for i, row := range rows {
-		out[i] = row.info()
+		out[i] = keyInfo(row)
 	}
 	return out, nil
 }
@@ -77,9 +68,6 @@ var ErrKeyFinished = errors.New("atomicphase: idempotency key already finished")
 // nor parked: forgetting it would strand whatever its phases did.
 var ErrKeyUnfinished = errors.New("atomicphase: idempotency key unfinished and not parked")
 
-// unparkSQL: see atomicphase_unpark in schema.sql.
-const unparkSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_unpark($1::text, $2::text)`
-
 // Unpark makes an unfinished key eligible for the next sweep at once: it
 // clears the parked mark and any backoff, and gives the key a fresh budget
 // of Config.MaxAttempts attempts (its last error stays for reference). The sweep of a process that
@@ -87,24 +75,18 @@ const unparkSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_unpark($1::te
 // acquisition path; a client retry would anyway. It returns ErrKeyNotFound
 // for a key never recorded and ErrKeyFinished for a finished one.
 func (r *Runner) Unpark(ctx context.Context, scope, key string) error {
-	var ok bool
-	err := r.pool.QueryRow(ctx, renderSQL(unparkSQL, r.cfg.Schema), scope, key).Scan(&ok)
-	if err == nil {
-		return nil
-	}
-	if !pgxscan.NotFound(err) {
+	ok, err := r.store.Unpark(ctx, r.pool, scope, key)
+	if err != nil {
 		return storeError("unpark key", err)
+	}
+	if ok {
+		return nil
 	}
 	if _, ierr := r.Inspect(ctx, scope, key); ierr != nil {
 		return ierr
 	}
 	return ErrKeyFinished
 }
-
-const forgetSQL = `
-DELETE FROM /* TEMPLATE: schema */idempotency_keys
-WHERE scope = $1 AND idempotency_key = $2
-  AND (response_status IS NOT NULL OR (parked_at IS NOT NULL AND locked_at IS NULL))`
 
 // Forget deletes a finished or parked key, so that a stored answer produced
 // by a since-fixed bug is not replayed forever, or a parked request is given
@@ -113,11 +95,11 @@ WHERE scope = $1 AND idempotency_key = $2
 // returns ErrKeyNotFound for a key never recorded and ErrKeyUnfinished for
 // one still in progress or waiting to be resumed.
 func (r *Runner) Forget(ctx context.Context, scope, key string) error {
-	tag, err := r.pool.Exec(ctx, renderSQL(forgetSQL, r.cfg.Schema), scope, key)
+	ok, err := r.store.Forget(ctx, r.pool, scope, key)
 	if err != nil {
 		return storeError("forget key", err)
 	}
-	if tag.RowsAffected() == 1 {
+	if ok {
 		return nil
 	}
 	if _, ierr := r.Inspect(ctx, scope, key); ierr != nil {
@@ -125,10 +107,6 @@ func (r *Runner) Forget(ctx context.Context, scope, key string) error {
 	}
 	return ErrKeyUnfinished
 }
-
-// recordResolutionSQL: see atomicphase_record_resolution in schema.sql.
-const recordResolutionSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_record_resolution(
-	$1::text, $2::text, $3::boolean, $4::text, $5::bigint)`
 
 // RecordResolution settles by hand whether the foreign call an unfinished
 // key is waiting on took effect, when neither its reconcile function nor a
@@ -144,14 +122,12 @@ const recordResolutionSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_rec
 // It returns ErrKeyNotFound for a key never recorded, ErrKeyFinished for a
 // finished key, and ErrInProgress while an attempt holds the key.
 func (r *Runner) RecordResolution(ctx context.Context, scope, key string, happened bool, note string) error {
-	var workflow string
-	err := r.pool.QueryRow(ctx, renderSQL(recordResolutionSQL, r.cfg.Schema), scope, key, happened, note,
-		r.cfg.LockTimeout.Microseconds()).Scan(&workflow)
-	if err == nil {
-		return nil
-	}
-	if !pgxscan.NotFound(err) {
+	ok, err := r.store.RecordResolution(ctx, r.pool, scope, key, happened, note)
+	if err != nil {
 		return storeError("record resolution", err)
+	}
+	if ok {
+		return nil
 	}
 	info, ierr := r.Inspect(ctx, scope, key)
 	switch {

@@ -1,7 +1,6 @@
-package atomicphase
+package keystore
 
 import (
-	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -40,6 +39,7 @@ var fanOut = map[string]string{
 	"abandonedSQL": "the sweep looks for abandoned keys in every scope",
 	"unknownSQL":   "the sweep counts abandoned keys of unknown workflows in every scope",
 	"reapSQL":      "the sweep deletes old finished keys of every scope",
+	"ageLocksSQL":  "tests age every held lock (atomicphasetest.AgeLocks)",
 }
 
 // timeInSubquery are modifications whose only time is read by a subquery
@@ -103,8 +103,8 @@ func packageStatements(t *testing.T) map[string]string {
 	out := map[string]string{}
 	for name, e := range exprs {
 		if s, ok := eval(e); ok && (strings.Contains(s, "idempotency_keys") || functionCall.MatchString(s)) &&
-			!strings.HasSuffix(name, "Columns") && name != "keyStatusSQL" {
-			out[name] = renderSQL(s, "")
+			!strings.HasSuffix(name, "Columns") && name != "statusSQL" && name != "Table" {
+			out[name] = Render(s, "")
 		}
 	}
 	return out
@@ -156,8 +156,14 @@ func TestFunctionsAreCitusCompatible(t *testing.T) {
 	t.Parallel()
 	bodies := map[string]string{}
 	create := regexp.MustCompile(`(?is)CREATE (?:OR REPLACE )?FUNCTION (?:/\* TEMPLATE: schema \*/)?(\w+)\((.*?)\$\$(.*?)\$\$`)
-	for _, m := range Migrations(nil) {
-		for _, def := range create.FindAllStringSubmatch(m.Up, -1) {
+	ups, err := filepath.Glob(filepath.Join("..", "..", "migration", "*.up.sql"))
+	require.NoError(t, err)
+	require.NotEmpty(t, ups)
+	slices.Sort(ups) // in version order: the newest definition wins
+	for _, up := range ups {
+		sql, err := os.ReadFile(up)
+		require.NoError(t, err)
+		for _, def := range create.FindAllStringSubmatch(string(sql), -1) {
 			bodies[def[1]] = def[2] + "$$" + def[3]
 		}
 	}
@@ -201,39 +207,5 @@ func TestFunctionsAreCitusCompatible(t *testing.T) {
 	}
 	for _, f := range citusFunctions {
 		require.Contains(t, objects, f.signature, "CheckSchema looks for every distributed function")
-	}
-}
-
-// The documentation shows the statements CitusDistribution returns.
-func TestScaleDocShowsTheDistribution(t *testing.T) {
-	t.Parallel()
-	doc, err := os.ReadFile(filepath.Join("docs", "scale.md"))
-	require.NoError(t, err)
-	for _, sql := range CitusDistribution("") {
-		require.Contains(t, string(doc), sql+";", "docs/scale.md shows %s", sql)
-	}
-}
-
-// Migrate runs a migration one statement at a time (Citus forwards some DDL
-// to the workers as the text sent, which must hold one statement): the
-// split keeps dollar-quoted bodies, strings and comments whole.
-func TestSplitStatements(t *testing.T) {
-	t.Parallel()
-	require.Equal(t, []string{"SELECT 1;", "-- a comment; with a ';'\nSELECT 'a;''b';", "SELECT $f$ ; $$ ; $f$;", "SELECT \"x;y\"\n-- trailing"},
-		splitStatements("SELECT 1; -- a comment; with a ';'\nSELECT 'a;''b'; SELECT $f$ ; $$ ; $f$; SELECT \"x;y\"\n-- trailing\n"))
-	require.Equal(t, []string{"SELECT $1::text;", "/* c; */ SELECT 2;"}, splitStatements("SELECT $1::text; /* c; */ SELECT 2;"))
-	count := map[string]int{"001 up": 4, "006 up": 5, "006 down": 5}
-	for _, m := range Migrations(nil) {
-		for dir, sql := range map[string]string{"up": m.Up, "down": m.Down} {
-			stmts := splitStatements(sql)
-			require.NotEmpty(t, stmts)
-			for _, s := range stmts {
-				require.Equal(t, 0, strings.Count(s, "$$")%2, "migration %03d %s: a body is kept whole:\n%s", m.Version, dir, s)
-				require.Regexp(t, `(?m)^\s*(CREATE|DROP|ALTER|DO|SELECT|UPDATE|INSERT|DELETE)\b`, s, "migration %03d %s", m.Version, dir)
-			}
-			if n, ok := count[fmt.Sprintf("%03d %s", m.Version, dir)]; ok {
-				require.Len(t, stmts, n, "migration %03d %s", m.Version, dir)
-			}
-		}
 	}
 }

@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/atomicphase/atomicphase/internal/keystore"
 )
 
 // Phase fusion. A workflow's phases run in units: one unit is one database
@@ -114,10 +114,10 @@ func (a *attempt) loop(ctx context.Context, idx int, state []byte) (*Response, e
 // what went before it: the key's row, which keeps the failure, and a
 // call's result, which must not be asked for again). When the key turns
 // out to be another attempt's, the failed run was never this attempt's to
-// make: errNotRecorded sends the request through acquisition again, which
+// make: keystore.ErrNotRecorded sends the request through acquisition again, which
 // explains the key as it is.
 func (a *attempt) failUnit(ctx context.Context, first int, state []byte, ue *unitError) error {
-	if errors.Is(ue.err, errNotRecorded) || errors.Is(ue.err, ErrCrashed) {
+	if errors.Is(ue.err, keystore.ErrNotRecorded) || errors.Is(ue.err, ErrCrashed) {
 		return ue.err
 	}
 	switch ours, err := a.recordAlone(ctx); {
@@ -127,7 +127,7 @@ func (a *attempt) failUnit(ctx context.Context, first int, state []byte, ue *uni
 		_ = a.r.unlock(ctx, a.scope, a.key, a.token)
 		return ue.err
 	case !ours:
-		return errNotRecorded
+		return keystore.ErrNotRecorded
 	}
 	steps := a.wf.phaseSteps()
 	if st := &steps[first]; st.call != nil && ue.phase != st.name && !ue.mayHaveCommitted && !errors.Is(ue.err, ErrLockLost) {
@@ -159,61 +159,23 @@ func (a *attempt) recordAlone(ctx context.Context) (ours bool, err error) {
 	defer cancel()
 	// The recording again, on its own: it records nothing when the key
 	// exists, whoever recorded it.
-	err = a.r.pool.QueryRow(ctx, rec.sql, rec.args...).Scan(&rec.salt)
+	err = rec.RecordAgain(ctx, a.r.pool)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	case errors.Is(err, keystore.ErrNotRecorded):
 		// Recorded before: by this attempt, in a commit whose answer was
-		// lost, if the key holds its lock token.
-		err = a.r.pool.QueryRow(ctx, a.r.sql.ownedBy, a.scope, a.key, a.token).Scan(&ours)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return false, nil // recorded and gone again (forgotten, reaped)
-		}
+		// lost, if the key holds its lock token (and not at all when it
+		// was recorded and is gone again: forgotten, reaped).
+		ours, _, err = a.r.store.OwnedBy(ctx, a.r.pool, a.scope, a.key, a.token)
 		return ours, err
 	case err != nil:
 		return false, err
 	}
-	if !rec.announced {
-		rec.announced = true
+	if !rec.Announced {
+		rec.Announced = true
 		a.r.observe(ctx, Event{Kind: EventCreated, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key})
 	}
-	a.salt = rec.salt
+	a.salt = rec.Salt
 	return true, nil
-}
-
-// callPhase makes a foreign phase's call (once), or learns by reconciling
-// that an earlier attempt made it, and returns the state with its result.
-// It holds no connection.
-func (a *attempt) callPhase(ctx context.Context, st *step, state []byte) ([]byte, error) {
-	if err := a.fault(ctx, st.name, BeforePhase, nil); err != nil {
-		return nil, err
-	}
-	key := downstreamKey(a.salt, a.wf.Name(), a.scope, a.key, st.downstreamName)
-	// The reconcile function gets a guard of its own, so that a lookup
-	// made through it leaves the call's one claim unspent.
-	out, happened, err := a.reconcile(ctx, st, newForeignCall(key), state)
-	if err != nil || happened {
-		return out, err
-	}
-	fc := newForeignCall(key)
-	out, err = st.call(ctx, fc, state)
-	if ferr := a.fault(ctx, st.name, AfterForeign, nil); ferr != nil {
-		if st.reconcile != nil && !errors.Is(ferr, ErrCrashed) {
-			// Whatever failed after the call, it may have gone out.
-			ferr = outcomeUnknown(ferr)
-			a.r.observe(ctx, Event{Kind: EventUnknown, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name, Err: ferr})
-		}
-		return nil, ferr
-	}
-	if fc.wasViolated() {
-		err = Permanent(ErrSecondForeignCall) // even if the phase swallowed it
-	}
-	if err != nil && st.reconcile != nil && !errors.Is(err, ErrPermanent) {
-		// The call may have gone out: nothing may repeat it now before
-		// reconciliation tells.
-		err = outcomeUnknown(err)
-		a.r.observe(ctx, Event{Kind: EventUnknown, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name, Err: err})
-	}
-	return out, err
 }
 
 // runUnit runs the unit that begins at phase idx, retrying its transaction
@@ -222,7 +184,7 @@ func (a *attempt) callPhase(ctx context.Context, st *step, state []byte) ([]byte
 func (a *attempt) runUnit(ctx context.Context, idx int, state []byte, first phaseRun) (phaseResult, *unitError) {
 	for try := 0; ; try++ {
 		res, ue := a.unit(ctx, idx, state, first, true)
-		if ue == nil || errors.Is(ue.err, errNotRecorded) {
+		if ue == nil || errors.Is(ue.err, keystore.ErrNotRecorded) {
 			return res, ue
 		}
 		if isDataError(ue.err) {
@@ -258,7 +220,7 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 	}
 	tx := newPhaseTx(pc.Conn(), steps[idx].isolation)
 	if tx.rec = a.rec; tx.rec != nil {
-		tx.rec.sent, tx.rec.recorded = false, false
+		tx.rec.Sent, tx.rec.Recorded = false, false
 	}
 	var ran []phaseRun // phases of this unit whose functions are done
 	committed := false
@@ -287,8 +249,8 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 		if errors.As(err, &qe) {
 			phase = qe.phase
 		}
-		if a.rec != nil && a.rec.sent && !a.rec.recorded {
-			err = errNotRecorded
+		if a.rec != nil && a.rec.Sent && !a.rec.Recorded {
+			err = keystore.ErrNotRecorded
 		}
 		a.failed(pr, err)
 		endRolledBack(ran, pr.name)
@@ -342,10 +304,10 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 		if rec := a.rec; rec != nil {
 			// The key is recorded now, not when its INSERT answered: a
 			// transaction that rolls back records nothing.
-			a.salt = rec.salt
+			a.salt = rec.Salt
 			a.rec = nil
-			if !rec.announced {
-				rec.announced = true
+			if !rec.Announced {
+				rec.Announced = true
 				a.r.observe(ctx, Event{Kind: EventCreated, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key})
 			}
 		}

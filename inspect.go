@@ -1,0 +1,108 @@
+package atomicphase
+
+import (
+	"context"
+	"time"
+
+	"github.com/atomicphase/atomicphase/internal/keystore"
+)
+
+// KeyInfo is what Inspect reports about a key.
+type KeyInfo struct {
+	Scope         string
+	Key           string
+	Workflow      string
+	RecoveryPoint string
+	// Status is where the key stands: in progress, stale, abandoned,
+	// parked or finished.
+	Status KeyStatus
+	// Locked is true while the key's lock is set, held by a live attempt
+	// (Status KeyInProgress) or left by a dead or slow one (KeyStale).
+	Locked bool
+	// LockExpiresIn is how long until a held lock goes stale, in seconds;
+	// negative once it has.
+	LockExpiresIn *float64
+	// LockToken is the token of the latest acquisition (drawn at random).
+	LockToken int64
+	// State is the workflow state as of the last committed phase, the JSON
+	// bytes exactly as stored. It is nil once the key is finished, unless
+	// the workflow keeps it (WorkflowOpts.KeepFinishedState).
+	State []byte
+	// Attempts counts the acquisitions that took the key.
+	Attempts int
+	// LastError is why the key's last failed attempt failed.
+	LastError *string
+	// NextAttemptAt is when the sweep may try the key again after a failed
+	// attempt; nil when it may at once.
+	NextAttemptAt *time.Time
+	// UnknownAt is when the outcome of the key's foreign call became
+	// unknown; nil unless it is.
+	UnknownAt *time.Time
+	// ResolvedHappened, ResolvedNote and ResolvedAt record the last verdict
+	// an operator gave by hand (Runner.RecordResolution); nil if none.
+	ResolvedHappened *bool
+	ResolvedNote     *string
+	ResolvedAt       *time.Time
+	// ParkedAt is when the key was parked (it failed permanently, or
+	// Config.MaxAttempts times); nil unless it is.
+	ParkedAt *time.Time
+	// Response is the stored response once the key is finished.
+	Response   *Response
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+	FinishedAt *time.Time
+}
+
+// KeyStatus is where a key stands.
+type KeyStatus string
+
+// The statuses of a key.
+const (
+	// KeyInProgress: an attempt holds the key's lock, and it is not stale.
+	KeyInProgress KeyStatus = keystore.StatusInProgress
+	// KeyStale: the key's lock is older than the lock timeout: its holder
+	// died or is slow, and the next retry or sweep takes it over.
+	KeyStale KeyStatus = keystore.StatusStale
+	// KeyAbandoned: unfinished and unlocked: its last attempt failed (or
+	// was cancelled), and a retry or the sweep resumes it.
+	KeyAbandoned KeyStatus = keystore.StatusAbandoned
+	// KeyUnknown: unfinished and unlocked, waiting for reconciliation: a
+	// call to a downstream without idempotency keys may or may not have
+	// taken effect. The sweep or a retry reconciles it after NextAttemptAt;
+	// ResolveUnknown settles it from outside.
+	KeyUnknown KeyStatus = keystore.StatusUnknown
+	// KeyParked: unfinished, unlocked and left for an operator; the sweep
+	// does not try it, a client retry still resumes it.
+	KeyParked KeyStatus = keystore.StatusParked
+	// KeyFinished: the response is stored and replayed.
+	KeyFinished KeyStatus = keystore.StatusFinished
+)
+
+// Inspect reads a key's stored row without locking or changing it, for
+// operators and tests. A key never recorded returns ErrKeyNotFound.
+func (r *Runner) Inspect(ctx context.Context, scope, key string) (*KeyInfo, error) {
+	info, err := r.store.Inspect(ctx, r.pool, scope, key)
+	if err != nil {
+		return nil, storeError("inspect key", err)
+	}
+	if info == nil {
+		return nil, ErrKeyNotFound
+	}
+	return keyInfo(info), nil
+}
+
+// keyInfo is the KeyInfo of a key's row as the key store read it.
+func keyInfo(in *keystore.Info) *KeyInfo {
+	info := &KeyInfo{
+		Scope: in.Scope, Key: in.Key, Workflow: in.Workflow, RecoveryPoint: in.RecoveryPoint,
+		Status: KeyStatus(in.Status), Locked: in.Locked, LockExpiresIn: in.LockExpiresIn, LockToken: in.LockToken,
+		State: in.State, Attempts: in.Attempts, LastError: in.LastError, NextAttemptAt: in.NextAttemptAt,
+		UnknownAt: in.UnknownAt, ResolvedHappened: in.ResolvedHappened, ResolvedNote: in.ResolvedNote,
+		ResolvedAt: in.ResolvedAt, ParkedAt: in.ParkedAt,
+		CreatedAt: in.CreatedAt, UpdatedAt: in.UpdatedAt, FinishedAt: in.FinishedAt,
+	}
+	if in.StatusCode != nil {
+		info.Response = &Response{Status: *in.StatusCode, Header: in.Header, Body: in.Body, Replayed: true}
+	}
+	return info
+}

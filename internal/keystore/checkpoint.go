@@ -1,0 +1,71 @@
+package keystore
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// checkpointSQL advances the recovery point if, and only if, the lock token
+// still matches (see atomicphase_checkpoint in schema.sql); it raises
+// LockLostCode when the token moved on.
+const checkpointSQL = `SELECT /* TEMPLATE: schema */atomicphase_checkpoint(
+	$1::text, $2::text, $3::bigint, $4::text, $5::text, $6::bytea, $7::integer, $8::jsonb, $9::bytea)`
+
+// Checkpoint is what a unit's commit stores with its own writes: the new
+// recovery point, where a jump goes, the state, and, for the phase that
+// responds, the response.
+type Checkpoint struct {
+	Scope, Key string
+	Token      int64
+	// Point is the committed phase's name, or "finished".
+	Point string
+	// JumpTarget is the phase a retry runs next when the phase jumped; nil
+	// when it continued in order.
+	JumpTarget *string
+	State      []byte
+	// Status, Header (JSON text) and Body are the response; Status is nil
+	// until the phase that responds.
+	Status *int
+	Header *string
+	Body   []byte
+}
+
+// Checkpoint returns the statement that stores cp, and its arguments, for
+// the caller to queue in its transaction's last batch (before COMMIT) or to
+// run on its own.
+func (s *Store) Checkpoint(cp *Checkpoint) (sql string, args []any) {
+	args = []any{cp.Scope, cp.Key, cp.Token, cp.Point, cp.JumpTarget, cp.State, nil, nil, nil}
+	if cp.Status != nil {
+		body := cp.Body
+		if body == nil {
+			body = []byte{}
+		}
+		// The header travels as JSON text, which a jsonb parameter takes in
+		// every pgx query exec mode, the simple protocol included.
+		args[6], args[7], args[8] = *cp.Status, cp.Header, body
+	}
+	return s.sql.checkpoint, args
+}
+
+// takeVerdictSQL takes, once, an operator's verdict recorded for the phase
+// after the recovery point an attempt resumed at.
+const takeVerdictSQL = `
+UPDATE /* TEMPLATE: schema */idempotency_keys SET resolved_after = NULL
+WHERE scope = $1 AND idempotency_key = $2 AND lock_token = $3 AND resolved_after = $4
+RETURNING resolved_happened`
+
+// TakeVerdict takes the operator's verdict on the call after resumedFrom
+// (RecordResolution), fenced by token; nil when none was recorded.
+func (s *Store) TakeVerdict(ctx context.Context, db DB, scope, key string, token int64, resumedFrom string) (*bool, error) {
+	var happened bool
+	err := db.QueryRow(ctx, s.sql.takeVerdict, scope, key, token, resumedFrom).Scan(&happened)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &happened, nil
+}

@@ -1,0 +1,109 @@
+package keystore
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/georgysavva/scany/v2/pgxscan"
+)
+
+// Info is a key's row as an operator reads it (the root package's KeyInfo).
+type Info struct {
+	Scope            string
+	Key              string
+	Workflow         string
+	RecoveryPoint    string
+	Status           string // see statusSQL
+	Locked           bool
+	LockExpiresIn    *float64
+	LockToken        int64
+	State            []byte
+	Attempts         int
+	LastError        *string
+	NextAttemptAt    *time.Time
+	UnknownAt        *time.Time
+	ResolvedHappened *bool
+	ResolvedNote     *string
+	ResolvedAt       *time.Time
+	ParkedAt         *time.Time
+	// StatusCode, Header and Body are the stored response; StatusCode is
+	// nil until the key is finished.
+	StatusCode *int
+	Header     http.Header
+	Body       []byte
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+	FinishedAt *time.Time
+}
+
+// The statuses statusSQL computes.
+const (
+	StatusInProgress = "in_progress"
+	StatusStale      = "stale"
+	StatusAbandoned  = "abandoned"
+	StatusUnknown    = "unknown"
+	StatusParked     = "parked"
+	StatusFinished   = "finished"
+)
+
+// statusSQL computes a key's status in SQL ($3 is the lock timeout in µs).
+const statusSQL = `CASE
+    WHEN response_status IS NOT NULL THEN 'finished'
+    WHEN parked_at IS NOT NULL THEN 'parked'
+    WHEN unknown_at IS NOT NULL AND locked_at IS NULL THEN 'unknown'
+    WHEN locked_at IS NULL THEN 'abandoned'
+    WHEN /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($3)) THEN 'stale'
+    ELSE 'in_progress' END`
+
+// infoColumns are the columns an Info is scanned from.
+const infoColumns = `scope, idempotency_key AS key, workflow, recovery_point,
+       ` + statusSQL + ` AS status,
+       locked_at IS NOT NULL AS locked, lock_token, state, attempts, last_error,
+       next_attempt_at, parked_at, unknown_at, resolved_happened, resolved_note, resolved_at,
+       extract(epoch FROM locked_at - /* TEMPLATE: schema */atomicphase_stale_before($3))::float8 AS lock_expires_in,
+       response_status AS status_code, response_header AS header, response_body AS body,
+       created_at, updated_at, finished_at`
+
+const inspectSQL = `SELECT ` + infoColumns + `
+FROM /* TEMPLATE: schema */idempotency_keys WHERE scope = $1 AND idempotency_key = $2`
+
+// Inspect reads a key's row without locking or changing it; nil when the
+// key does not exist.
+func (s *Store) Inspect(ctx context.Context, db DB, scope, key string) (*Info, error) {
+	var info Info
+	err := pgxscan.Get(ctx, db, &info, s.sql.inspect, scope, key, s.lockTimeoutUS)
+	if pgxscan.NotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &info, nil
+}
+
+// Filter selects keys for List; empty fields select any.
+type Filter struct {
+	Status, Workflow, Scope string
+	// OlderThan keeps keys created longer ago than this.
+	OlderThan time.Duration
+	// Limit is the most keys returned, oldest first.
+	Limit int
+}
+
+const listKeysSQL = `SELECT * FROM (SELECT ` + infoColumns + `
+    FROM /* TEMPLATE: schema */idempotency_keys
+    WHERE ($1 = '' OR workflow = $1) AND ($2 = '' OR scope = $2)
+      AND created_at < now() - $4 * interval '1 microsecond') AS k
+WHERE ($5 = '' OR k.status = $5)
+ORDER BY created_at, scope, key
+LIMIT $6`
+
+// List lists the keys f selects, oldest first. It reads every shard of a
+// distributed key table: it is for operators, never on a request's path.
+func (s *Store) List(ctx context.Context, db DB, f *Filter) ([]*Info, error) {
+	var rows []*Info
+	err := pgxscan.Select(ctx, db, &rows, s.sql.list,
+		f.Workflow, f.Scope, s.lockTimeoutUS, max(f.OlderThan, 0).Microseconds(), f.Status, f.Limit)
+	return rows, err
+}

@@ -1,0 +1,272 @@
+package keystore
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// The key's lock, as the table keeps it. A key is held while its locked_at
+// is set and younger than the lock timeout; an unfinished key that is
+// unlocked, or whose lock is older (stale), may be taken by the next
+// attempt. Every acquisition stores a lock token of its own, drawn by the
+// caller before it asks, and every checkpoint and release checks it
+// (fencing). The stale-lock rule itself is written once, in SQL:
+// atomicphase_stale_before turns the lock timeout into a cut-off and
+// atomicphase_lock_takeable applies it (migration 002).
+
+// Row is what an acquisition reads back about a key.
+type Row struct {
+	// Acquired is true when this statement took the lock.
+	Acquired       bool
+	Workflow       string
+	Fingerprint    []byte
+	RecoveryPoint  string
+	JumpTarget     *string // the phase to run next when the last one jumped
+	State          []byte
+	LockToken      int64
+	LockExpiresIn  *float64 // seconds until a live lock goes stale
+	DownstreamSalt *string  // salts the row's downstream keys; nil on rows older than migration 003
+	Attempts       int      // acquisitions of the key so far, this one included
+	TookOver       bool     // this acquisition took a stale lock
+	OverLimit      bool     // a new key refused: its scope has too many unfinished keys
+	ResponseStatus *int
+	ResponseHeader []byte // JSON text, decoded only for a replay
+	ResponseBody   []byte
+}
+
+// acquireSQL records or takes the key, or reports why not, in one statement
+// and one round trip (see atomicphase_acquire in schema.sql). A replay reads
+// the row by primary key and writes nothing.
+const acquireSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_acquire(
+	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, $9::bigint, $10::integer)`
+
+// Request is what a request's recording and acquisition store of it.
+type Request struct {
+	Scope, Key, Workflow string
+	Fingerprint          []byte
+	Method, Path         string
+	// State is the initial state, stored when the key is new.
+	State []byte
+	// Token is the lock token the acquisition stores.
+	Token int64
+	// MaxUnfinished refuses a new key whose scope has this many unfinished
+	// keys already; nil for no limit.
+	MaxUnfinished *int32
+}
+
+// Acquire records req's key, or takes it when it is unfinished and nobody
+// holds it, or reports why not (Row.Acquired false: a finished key's stored
+// response, a key used with another request, a live lock, a scope over its
+// limit), in one statement. It scans positionally: it is the hot path of
+// every request.
+func (s *Store) Acquire(ctx context.Context, db DB, req *Request) (*Row, error) {
+	var row Row
+	err := db.QueryRow(ctx, s.sql.acquire,
+		req.Scope, req.Key, req.Workflow, req.Fingerprint, req.Method, req.Path, req.State, s.lockTimeoutUS, req.Token,
+		req.MaxUnfinished,
+	).Scan(&row.Acquired, &row.Workflow, &row.Fingerprint, &row.RecoveryPoint, &row.JumpTarget,
+		&row.State, &row.LockToken, &row.LockExpiresIn, &row.DownstreamSalt,
+		&row.Attempts, &row.TookOver, &row.OverLimit,
+		&row.ResponseStatus, &row.ResponseHeader, &row.ResponseBody)
+	if err != nil {
+		return nil, err
+	}
+	return &row, nil
+}
+
+// peekSQL reads what a request needs to know about its key before it
+// runs: whether the key exists, and when it does, whether it was used with
+// another request, its stored response, and whether a live attempt holds
+// it. It is the whole of a replay: one primary-key read, written to nothing.
+const peekSQL = `
+SELECT workflow = $4::text AND fingerprint = $5::bytea, response_status, response_header::text, response_body,
+       /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($3)),
+       extract(epoch FROM locked_at - /* TEMPLATE: schema */atomicphase_stale_before($3))::float8
+FROM /* TEMPLATE: schema */idempotency_keys
+WHERE scope = $1 AND idempotency_key = $2`
+
+// Peeked is what Peek read about an existing key.
+type Peeked struct {
+	Row
+	// Same is true when the key was recorded for this workflow and a
+	// request with this fingerprint (compared by the server, so neither
+	// travels back).
+	Same bool
+	// Takeable is true when nobody holds the key (or its lock is stale).
+	Takeable bool
+}
+
+// Peek reads a request's key. found is false when the key does not exist.
+//
+// It is the whole of a replay, so it scans into values rather than
+// pointers, and passes the lock timeout boxed once.
+func (s *Store) Peek(ctx context.Context, db DB, scope, key, workflow string, fingerprint []byte) (p Peeked, found bool, err error) {
+	var status pgtype.Int4
+	var expiresIn pgtype.Float8
+	err = db.QueryRow(ctx, s.sql.peek, scope, key, s.lockTimeoutArg, workflow, fingerprint).
+		Scan(&p.Same, &status, &p.ResponseHeader, &p.ResponseBody, &p.Takeable, &expiresIn)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return p, false, nil
+	}
+	if err != nil {
+		return p, false, err
+	}
+	if status.Valid {
+		st := int(status.Int32)
+		p.ResponseStatus = &st
+	}
+	if expiresIn.Valid {
+		p.LockExpiresIn = &expiresIn.Float64
+	}
+	return p, true, nil
+}
+
+// recordSQL records a new key, locked under the caller's lock token, inside
+// the transaction of the workflow's first phase (phase fusion): the key
+// and the phase's writes commit together. It records nothing when the key
+// exists, having waited for an attempt recording it at the same moment to
+// commit or roll back; the caller then acquires the key on its own
+// (acquireSQL). See atomicphase_record in schema.sql: the function takes the
+// lock time on the node that holds the row.
+const recordSQL = `SELECT downstream_salt::text FROM /* TEMPLATE: schema */atomicphase_record(
+	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, NULL::integer)`
+
+// Recording is a new key's recording, sent at the head of the first unit's
+// transaction (Queue) and read back from its batch (Read), or sent again on
+// its own (RecordAgain) when that transaction did not commit.
+type Recording struct {
+	sql  string
+	args []any
+	// Sent and Recorded say how its latest sending went: Recorded is
+	// false when the key existed.
+	Sent, Recorded bool
+	// Announced is set by the caller once the key's creation was reported.
+	Announced bool
+	// Salt is the new row's downstream salt.
+	Salt string
+}
+
+// ErrNotRecorded is a recording's answer when the key existed: the attempt
+// ran on the assumption of a new key, and the key is acquired on its own
+// instead.
+var ErrNotRecorded = errors.New("atomicphase: the key was recorded meanwhile")
+
+// NewRecording makes the recording of req's key (req.MaxUnfinished is not
+// applied: a recording that rides in a transaction is not counted).
+func (s *Store) NewRecording(req *Request) *Recording {
+	return &Recording{sql: s.sql.record,
+		args: []any{req.Scope, req.Key, req.Workflow, req.Fingerprint, req.Method, req.Path, req.State, req.Token}}
+}
+
+// Queue adds the recording to b.
+func (rec *Recording) Queue(b *pgx.Batch) {
+	b.Queue(rec.sql, rec.args...)
+}
+
+// Read reads the recording's answer from br: ErrNotRecorded when the key
+// existed.
+func (rec *Recording) Read(br pgx.BatchResults) error {
+	rec.Sent, rec.Recorded = true, false
+	err := br.QueryRow().Scan(&rec.Salt)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return ErrNotRecorded
+	case err != nil:
+		return err
+	}
+	rec.Recorded = true
+	return nil
+}
+
+// RecordAgain sends the recording on its own, outside any transaction:
+// ErrNotRecorded when the key exists, whoever recorded it.
+func (rec *Recording) RecordAgain(ctx context.Context, db DB) error {
+	err := db.QueryRow(ctx, rec.sql, rec.args...).Scan(&rec.Salt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrNotRecorded
+	}
+	return err
+}
+
+// ownedBySQL reports whether a key holds the lock token $3.
+const ownedBySQL = `SELECT lock_token = $3 FROM /* TEMPLATE: schema */idempotency_keys WHERE scope = $1 AND idempotency_key = $2`
+
+// OwnedBy reports whether the key holds token; found is false when the key
+// does not exist.
+func (s *Store) OwnedBy(ctx context.Context, db DB, scope, key string, token int64) (owned, found bool, err error) {
+	err = db.QueryRow(ctx, s.sql.ownedBy, scope, key, token).Scan(&owned)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, false, nil
+	}
+	return owned, err == nil, err
+}
+
+// takeSQL takes an unfinished key that is unlocked or stale, without a
+// request at hand, under the caller's lock token. For the sweep ($5) it
+// also re-checks what made the key due when the sweep picked it: not parked,
+// past its backoff. See atomicphase_take in schema.sql.
+const takeSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_take($1::text, $2::text, $3::bigint, $4::bigint, $5::boolean)`
+
+// Take takes an unfinished key that nobody holds, under token. It returns
+// nil when the key is finished, held by a live attempt, or absent (or, for
+// the sweep, no longer due).
+func (s *Store) Take(ctx context.Context, db DB, scope, key string, token int64, sweep bool) (*Row, error) {
+	row := Row{Acquired: true}
+	err := db.QueryRow(ctx, s.sql.take, scope, key, s.lockTimeoutUS, token, sweep).
+		Scan(&row.Workflow, &row.RecoveryPoint, &row.JumpTarget, &row.State, &row.LockToken, &row.DownstreamSalt, &row.Attempts,
+			&row.TookOver)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &row, nil
+}
+
+// releaseSQL releases a lock, leaving the recovery point where the last
+// committed phase put it. See atomicphase_release in schema.sql: it returns
+// a row, and the statement's tag counts one, when it released the lock.
+const releaseSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_release(
+	$1::text, $2::text, $3::bigint, $4::text, $5::bigint, $6::boolean, $7::boolean)`
+
+// Release describes a release: the key, the token it is fenced by, and
+// what the failed attempt leaves on the row.
+type Release struct {
+	Scope, Key string
+	Token      int64
+	// Error is why the attempt failed (nil for a plain unlock), at most
+	// MaxLastError bytes of valid UTF-8 without NUL.
+	Error *string
+	// RetryInUS is when the sweep may try the key again, in microseconds
+	// from now; nil for at once (or when parking).
+	RetryInUS *int64
+	// Park parks the key for an operator; Unknown marks the outcome of its
+	// foreign call unknown.
+	Park, Unknown bool
+}
+
+// MaxLastError bounds the error text stored on a key.
+const MaxLastError = 2000
+
+// Release releases a lock held with rel.Token. It reports whether it
+// released anything: false when the token had moved on (another attempt
+// took the key) or the key finished meanwhile.
+func (s *Store) Release(ctx context.Context, db DB, rel *Release) (bool, error) {
+	tag, err := db.Exec(ctx, s.sql.release, rel.Scope, rel.Key, rel.Token, rel.Error, rel.RetryInUS, rel.Park, rel.Unknown)
+	return tag.RowsAffected() == 1, err
+}
+
+// LockLostCode is the SQLSTATE atomicphase_checkpoint raises when the lock
+// token moved on: the fencing check failed.
+const LockLostCode = "AP001"
+
+// IsLockLost reports the fencing failure a checkpoint raises.
+func IsLockLost(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == LockLostCode
+}

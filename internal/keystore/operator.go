@@ -1,0 +1,54 @@
+package keystore
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The operator's statements on one key: unpark, forget, record a verdict.
+// None of them is on a request's path; each is keyed by (scope, key).
+
+// unparkSQL: see atomicphase_unpark in schema.sql.
+const unparkSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_unpark($1::text, $2::text)`
+
+// Unpark clears a key's parked mark and backoff and gives it a fresh
+// attempt budget. It reports false, changing nothing, when the key is
+// finished or absent.
+func (s *Store) Unpark(ctx context.Context, db DB, scope, key string) (bool, error) {
+	var ok bool
+	err := db.QueryRow(ctx, s.sql.unpark, scope, key).Scan(&ok)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+const forgetSQL = `
+DELETE FROM /* TEMPLATE: schema */idempotency_keys
+WHERE scope = $1 AND idempotency_key = $2
+  AND (response_status IS NOT NULL OR (parked_at IS NOT NULL AND locked_at IS NULL))`
+
+// Forget deletes a finished key, or a parked one nobody holds. It reports
+// false, changing nothing, for any other key or an absent one.
+func (s *Store) Forget(ctx context.Context, db DB, scope, key string) (bool, error) {
+	tag, err := db.Exec(ctx, s.sql.forget, scope, key)
+	return tag.RowsAffected() == 1, err
+}
+
+// recordResolutionSQL: see atomicphase_record_resolution in schema.sql.
+const recordResolutionSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_record_resolution(
+	$1::text, $2::text, $3::boolean, $4::text, $5::bigint)`
+
+// RecordResolution records an operator's verdict on the call an unfinished
+// key waits on, and makes the key due. It reports false, changing nothing,
+// when the key is finished, held by a live attempt, or absent.
+func (s *Store) RecordResolution(ctx context.Context, db DB, scope, key string, happened bool, note string) (bool, error) {
+	var workflow string
+	err := db.QueryRow(ctx, s.sql.recordResolution, scope, key, happened, note, s.lockTimeoutUS).Scan(&workflow)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}

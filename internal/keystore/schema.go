@@ -1,0 +1,45 @@
+package keystore
+
+import "context"
+
+// schemaObjects are the tables and functions this version of the library
+// uses, as to_regclass and to_regprocedure name them. Missing looks for
+// each; keep the list in step with the newest migration.
+var schemaObjects = []struct{ kind, name string }{
+	{"table", "idempotency_keys"},
+	{"column", "idempotency_keys.unknown_at"},
+	{"function", "atomicphase_acquire(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)"},
+	{"function", "atomicphase_checkpoint(text, text, bigint, text, text, bytea, integer, jsonb, bytea)"},
+	{"function", "atomicphase_stale_before(bigint)"},
+	{"function", "atomicphase_lock_takeable(timestamptz, timestamptz)"},
+	{"function", "atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer)"},
+	{"function", "atomicphase_take(text, text, bigint, bigint, boolean)"},
+	{"function", "atomicphase_release(text, text, bigint, text, bigint, boolean, boolean)"},
+	{"function", "atomicphase_unpark(text, text)"},
+	{"function", "atomicphase_record_resolution(text, text, boolean, text, bigint)"},
+}
+
+const checkSchemaSQL = `
+SELECT coalesce(array_agg(o.name ORDER BY o.ord), '{}')
+FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS o(kind, name, ord)
+WHERE CASE o.kind
+        WHEN 'table' THEN to_regclass(o.name) IS NULL
+        WHEN 'column' THEN NOT EXISTS (
+            SELECT FROM pg_attribute
+            WHERE attrelid = to_regclass(substring(o.name FROM '^(.*)\.[^.]*$'))
+              AND attname = substring(o.name FROM '[^.]*$') AND NOT attisdropped)
+        ELSE to_regprocedure(o.name) IS NULL END`
+
+// Missing names the tables, columns and functions this version needs that
+// the Store's schema lacks, reading the catalog only.
+func (s *Store) Missing(ctx context.Context, db DB) ([]string, error) {
+	kinds := make([]string, len(schemaObjects))
+	names := make([]string, len(schemaObjects))
+	q := Qualifier(s.schema)
+	for i, o := range schemaObjects {
+		kinds[i], names[i] = o.kind, q+o.name
+	}
+	var missing []string
+	err := db.QueryRow(ctx, checkSchemaSQL, kinds, names).Scan(&missing)
+	return missing, err
+}

@@ -1,0 +1,105 @@
+// Package keystore is the one home of the key table's SQL: every statement
+// the library sends to idempotency_keys and its functions, the types its
+// rows are scanned into, and the rules that keep the statements
+// Citus-compatible. The engine (the root package) speaks to the table only
+// through it, in its own terms: peek, acquire, record, take, checkpoint,
+// release, inspect, list, unpark, forget, resolve, sweep and reap.
+//
+// The statements are written with schemaMarker before every table and
+// function name and rendered once for the configured schema (New). Each
+// one's casts name every parameter's type, so it resolves the same in every
+// pgx query exec mode (behind PgBouncer, say), where parameter types are not
+// described by the server. Every statement on a request's path is keyed by
+// scope, the table's distribution column on Citus; the few that read every
+// shard are the operator's and the sweep's (see citus_test.go). The PL/pgSQL
+// functions they call are in the migrations (schema.sql shows the newest of
+// each).
+package keystore
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Table is the key table's name, unqualified: what a user's tables are
+// colocated with on Citus.
+const Table = "idempotency_keys"
+
+// DB is what a statement runs on: a pool, a connection or a transaction.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// schemaMarker stands before every table and function name in the
+// migrations and the statements here; Render replaces it with the
+// configured schema.
+const schemaMarker = "/* TEMPLATE: schema */"
+
+// Render qualifies the names in sql with schema ("" leaves them to the
+// search_path).
+func Render(sql, schema string) string {
+	return strings.ReplaceAll(sql, schemaMarker, Qualifier(schema))
+}
+
+// Qualifier is what goes before a table or function name for schema: ""
+// for the search_path, else the quoted schema name and a dot.
+func Qualifier(schema string) string {
+	if schema == "" {
+		return ""
+	}
+	return pgx.Identifier{schema}.Sanitize() + "."
+}
+
+// Store is the key table of one schema, seen with one lock timeout. It
+// holds no connection: every method runs on the DB it is given.
+type Store struct {
+	schema string
+	// lockTimeoutUS is the lock timeout in microseconds, and
+	// lockTimeoutArg the same boxed once, for the statements on the hot
+	// path that take it.
+	lockTimeoutUS  int64
+	lockTimeoutArg any
+	sql            statements
+}
+
+// statements are the statements rendered once for the Store's schema.
+type statements struct {
+	acquire, peek, record, ownedBy, take, release, checkpoint, takeVerdict,
+	inspect, list, unpark, forget, recordResolution,
+	abandoned, unknownWorkflows, reap string
+}
+
+// New returns the Store for schema ("" for the search_path) and lockTimeout.
+func New(schema string, lockTimeout time.Duration) *Store {
+	r := func(sql string) string { return Render(sql, schema) }
+	us := lockTimeout.Microseconds()
+	return &Store{schema: schema, lockTimeoutUS: us, lockTimeoutArg: us, sql: statements{
+		acquire:          r(acquireSQL),
+		peek:             r(peekSQL),
+		record:           r(recordSQL),
+		ownedBy:          r(ownedBySQL),
+		take:             r(takeSQL),
+		release:          r(releaseSQL),
+		checkpoint:       r(checkpointSQL),
+		takeVerdict:      r(takeVerdictSQL),
+		inspect:          r(inspectSQL),
+		list:             r(listKeysSQL),
+		unpark:           r(unparkSQL),
+		forget:           r(forgetSQL),
+		recordResolution: r(recordResolutionSQL),
+		abandoned:        r(abandonedSQL),
+		unknownWorkflows: r(unknownSQL),
+		reap:             r(reapSQL),
+	}}
+}
+
+// LockTimeout is the lock timeout the Store was made with.
+func (s *Store) LockTimeout() time.Duration {
+	return time.Duration(s.lockTimeoutUS) * time.Microsecond
+}

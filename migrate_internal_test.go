@@ -1,0 +1,45 @@
+package atomicphase
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The documentation shows the statements CitusDistribution returns.
+func TestScaleDocShowsTheDistribution(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile(filepath.Join("docs", "scale.md"))
+	require.NoError(t, err)
+	for _, sql := range CitusDistribution("") {
+		require.Contains(t, string(doc), sql+";", "docs/scale.md shows %s", sql)
+	}
+}
+
+// Migrate runs a migration one statement at a time (Citus forwards some DDL
+// to the workers as the text sent, which must hold one statement): the
+// split keeps dollar-quoted bodies, strings and comments whole.
+func TestSplitStatements(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, []string{"SELECT 1;", "-- a comment; with a ';'\nSELECT 'a;''b';", "SELECT $f$ ; $$ ; $f$;", "SELECT \"x;y\"\n-- trailing"},
+		splitStatements("SELECT 1; -- a comment; with a ';'\nSELECT 'a;''b'; SELECT $f$ ; $$ ; $f$; SELECT \"x;y\"\n-- trailing\n"))
+	require.Equal(t, []string{"SELECT $1::text;", "/* c; */ SELECT 2;"}, splitStatements("SELECT $1::text; /* c; */ SELECT 2;"))
+	count := map[string]int{"001 up": 4, "006 up": 5, "006 down": 5}
+	for _, m := range Migrations(nil) {
+		for dir, sql := range map[string]string{"up": m.Up, "down": m.Down} {
+			stmts := splitStatements(sql)
+			require.NotEmpty(t, stmts)
+			for _, s := range stmts {
+				require.Equal(t, 0, strings.Count(s, "$$")%2, "migration %03d %s: a body is kept whole:\n%s", m.Version, dir, s)
+				require.Regexp(t, `(?m)^\s*(CREATE|DROP|ALTER|DO|SELECT|UPDATE|INSERT|DELETE)\b`, s, "migration %03d %s", m.Version, dir)
+			}
+			if n, ok := count[fmt.Sprintf("%03d %s", m.Version, dir)]; ok {
+				require.Len(t, stmts, n, "migration %03d %s", m.Version, dir)
+			}
+		}
+	}
+}

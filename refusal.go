@@ -1,0 +1,42 @@
+package atomicphase
+
+import (
+	"context"
+	"time"
+
+	"github.com/atomicphase/atomicphase/internal/keystore"
+)
+
+// storeFailed reports a failed statement on the key store, before any
+// phase ran.
+func (r *Runner) storeFailed(ctx context.Context, wf AnyWorkflow, req *Request, what string, err error) error {
+	err = storeError(what, err)
+	r.observe(ctx, Event{Kind: EventStoreError, Workflow: wf.Name(), Scope: req.Scope, Key: req.Key, Err: err})
+	return err
+}
+
+// refused explains, and reports, an acquisition that did not take the
+// key: a key first used with another request, a finished key (replayed), a
+// new key over its scope's limit, or a key another attempt holds.
+func (r *Runner) refused(ctx context.Context, row *keystore.Row, mismatch bool, workflow string, req *Request) (*Response, error) {
+	e := Event{Workflow: workflow, Scope: req.Scope, Key: req.Key}
+	var resp *Response
+	var err error
+	switch {
+	case mismatch:
+		e.Kind, err = EventKeyMisuse, ErrFingerprintMismatch
+	case row.ResponseStatus != nil:
+		e.Kind = EventReplay
+		resp = &Response{Status: *row.ResponseStatus, Body: row.ResponseBody, Replayed: true}
+		if resp.Header, err = decodeHeader(row.ResponseHeader); err != nil {
+			e.Kind, resp = EventStoreError, nil
+			err = storeError("decode the stored response's header", err)
+		}
+	case row.OverLimit:
+		e.Kind, err = EventOverLimit, &TooManyKeysError{Limit: r.cfg.MaxUnfinishedPerScope, RetryAfter: time.Second}
+	default:
+		e.Kind, err = EventInProgress, inProgress(row.LockExpiresIn)
+	}
+	r.observe(ctx, e)
+	return resp, err
+}

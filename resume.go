@@ -1,0 +1,102 @@
+package atomicphase
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Resume continues an unfinished key with no request at hand, from its
+// recovery point, provided nobody holds it (or its lock is stale). Its
+// workflow must be registered with this Runner. A finished key returns its
+// stored response; a key never recorded returns ErrKeyNotFound; a key whose
+// workflow is not registered returns ErrUnknownWorkflow and is left unlocked.
+func (r *Runner) Resume(ctx context.Context, scope, key string) (*Response, error) {
+	return r.resume(ctx, scope, key, resumeOpts{})
+}
+
+// resumeOpts say who resumes a key, when it is not a caller of Resume.
+type resumeOpts struct {
+	// sweep: the Sweeper, which takes only keys still due, leaves alone
+	// keys it cannot run (a recovery point its workflow lacks, in a
+	// rolling deploy), and parks keys past Config.MaxAttempts.
+	sweep bool
+	// workflow and resolve: ResolveUnknown. The key's workflow must be
+	// named workflow, and resolve stands in for the reconcile function of
+	// the phase the attempt resumes into, which must have one.
+	workflow string
+	resolve  func([]byte) (bool, []byte, error)
+}
+
+// errNotRunnable is returned to the Sweeper for a key whose stored recovery
+// point this process's workflow does not have: a newer deployment's key,
+// left for the processes that run it.
+var errNotRunnable = errors.New("atomicphase: recovery point unknown to this process's workflow")
+
+func (r *Runner) resume(ctx context.Context, scope, key string, opts resumeOpts) (resp *Response, err error) {
+	if !opts.sweep { // the sweep resumes keys another configuration recorded
+		if err := validateKey(scope, key, r.cfg.MaxKeyLength); err != nil {
+			return nil, err
+		}
+	}
+	ctx, end := r.span(ctx, Span{Kind: SpanRequest, Scope: scope, Key: key})
+	defer func() {
+		if p := recover(); p != nil {
+			end(fmt.Errorf("panic: %v", p))
+			panic(p)
+		}
+		end(err)
+	}()
+	row, err := r.take(ctx, scope, key, newLockToken(), opts.sweep)
+	if err != nil {
+		err = storeError("resume key", err)
+		r.observe(ctx, Event{Kind: EventStoreError, Scope: scope, Key: key, Err: err})
+		return nil, err
+	}
+	if row == nil {
+		info, err := r.Inspect(ctx, scope, key)
+		if err != nil {
+			return nil, err
+		}
+		if info.Response != nil {
+			r.observe(ctx, Event{Kind: EventReplay, Workflow: info.Workflow, Scope: scope, Key: key})
+			return info.Response, nil
+		}
+		r.observe(ctx, Event{Kind: EventInProgress, Workflow: info.Workflow, Scope: scope, Key: key})
+		return nil, inProgress(info.LockExpiresIn)
+	}
+	wf, ok := r.workflow(row.Workflow)
+	if !ok {
+		return nil, errors.Join(fmt.Errorf("%w: %q", ErrUnknownWorkflow, row.Workflow),
+			r.unlock(ctx, scope, key, row.LockToken))
+	}
+	kind := EventFailedRetry
+	if row.TookOver {
+		kind = EventTakeover
+	}
+	a := newAttempt(r, wf, scope, key, row)
+	if opts.sweep {
+		if !a.runnable(row) {
+			return nil, errors.Join(errNotRunnable, r.unlock(ctx, scope, key, row.LockToken))
+		}
+		if row.Attempts > r.cfg.MaxAttempts {
+			// Attempts that never finished (their processes died, or they
+			// were taken over) count too: without this a key that kills
+			// its process would be run forever.
+			why := fmt.Errorf("%d attempts never finished; the limit is %d", row.Attempts-1, r.cfg.MaxAttempts)
+			if _, err := r.release(ctx, scope, key, row.LockToken, why, 0, true, false); err != nil {
+				return nil, err
+			}
+			r.observe(ctx, Event{Kind: EventParked, Workflow: row.Workflow, Scope: scope, Key: key, Err: why})
+			return nil, &PhaseError{Workflow: row.Workflow, Err: why, Parked: true}
+		}
+	}
+	if opts.resolve != nil {
+		if err := a.acceptResolution(row, opts.workflow); err != nil {
+			return nil, errors.Join(err, r.unlock(ctx, scope, key, row.LockToken))
+		}
+		a.resolve = opts.resolve
+	}
+	r.observe(ctx, Event{Kind: kind, Workflow: row.Workflow, Scope: scope, Key: key})
+	return a.run(ctx, row)
+}

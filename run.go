@@ -1,0 +1,200 @@
+package atomicphase
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/internal/keystore"
+)
+
+// Run's path, top to bottom. Run checks and fingerprints the request, then
+// chooses, once, one of two ways in:
+//
+//   - runNew, for a key not yet recorded of a workflow whose first unit can
+//     record it (see fusesRecording): the key's recording rides at the head
+//     of the first unit's transaction, and commits with it;
+//   - runExisting, for every other key: one statement (keystore.Acquire)
+//     records or takes the key, or says why not.
+//
+// A workflow that can record a new key with its first unit first reads the
+// key (keystore.Peek: one primary-key read, which is all a replay costs) to
+// choose. Either way an attempt that holds the key then runs the workflow
+// from its recovery point (attempt.go, fusion.go); a key that is not taken
+// is explained (refusal.go).
+
+// Run runs req through wf, once per idempotency key: the first attempt
+// records the key and runs the phases; an attempt finding the key finished
+// replays its stored response (Response.Replayed) without running any
+// phase; an attempt finding it unfinished and unlocked (or locked longer ago
+// than Config.LockTimeout) resumes at the phase after its recovery point.
+//
+// The way through: validate the request, fingerprint it, build the
+// initial state, then acquire the key in one statement. An acquisition that
+// did not take the key is explained (a replay, a fingerprint mismatch, or a
+// key in progress); one that did starts an attempt, which runs the workflow
+// from the recovery point stored on the key.
+//
+// Errors callers branch on: ErrInvalidKey, ErrInvalidRequest (nothing
+// stored), *InProgressError (another attempt holds the key), ErrFingerprintMismatch,
+// ErrLockLost, ErrStoreUnavailable (before the key was acquired, nothing
+// ran), ErrSchemaMissing, and *PhaseError wrapping a phase's own error
+// (rolled back, key unlocked, a retry resumes there); Retryable tells final
+// answers from the rest. ctx governs the whole run; if it ends mid-phase the
+// phase rolls back and the key is unlocked.
+func (r *Runner) Run(ctx context.Context, wf AnyWorkflow, req Request) (*Response, error) {
+	if wf == nil || wf.isNil() {
+		return nil, Permanent(errors.New("atomicphase: Run given a nil workflow"))
+	}
+	if err := req.validate(r.cfg.MaxKeyLength); err != nil {
+		return nil, err
+	}
+	fp, err := FingerprintOf(req.Method, req.Path, req.Params)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	}
+	if err := r.register(wf); err != nil {
+		return nil, err
+	}
+	ctx, end := r.span(ctx, Span{Kind: SpanRequest, Workflow: wf.Name(), Scope: req.Scope, Key: req.Key})
+	defer endOnPanic(end)
+	resp, err := r.run(ctx, wf, &req, fp)
+	end(err)
+	return resp, err
+}
+
+// endOnPanic ends a span with the panic going through, then lets it go on;
+// deferred, it does nothing when the function returns normally.
+func endOnPanic(end func(error)) {
+	if p := recover(); p != nil {
+		end(fmt.Errorf("panic: %v", p))
+		panic(p)
+	}
+}
+
+// run is the rest of Run, under the request's span: it chooses the way in.
+// The initial state is built (the input decoded, the start function run)
+// only on the way in, once the key is known to be new or unfinished: a
+// replay needs none.
+func (r *Runner) run(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint) (*Response, error) {
+	if err := r.fault(ctx, wf.Name(), "", BeforeAcquire, nil); err != nil {
+		return nil, err
+	}
+	if !r.fusesRecording(wf) {
+		return r.runExisting(ctx, wf, req, fp)
+	}
+	pc, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)
+	}
+	p, found, err := r.store.Peek(ctx, pc.Conn(), req.Scope, req.Key, wf.Name(), fp[:])
+	switch {
+	case err != nil:
+		pc.Release()
+		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)
+	case !found:
+		return r.runNew(ctx, wf, req, fp, pc)
+	}
+	pc.Release()
+	if p.ResponseStatus != nil || !p.Takeable || !p.Same {
+		return r.refused(ctx, &p.Row, !p.Same, wf.Name(), req)
+	}
+	// A failed or abandoned attempt's key: taken as any other.
+	return r.runExisting(ctx, wf, req, fp)
+}
+
+// fusesRecording reports whether a new key of wf is recorded in its first
+// phase's transaction: when the workflow begins with a local phase, at READ
+// COMMITTED (a recording is never retried for a serialization failure), and
+// without a cap on unfinished keys per scope (Config.MaxUnfinishedPerScope
+// counts committed keys: a key still inside its first transaction would not
+// count, and a caller could start any number of them at once).
+func (r *Runner) fusesRecording(wf AnyWorkflow) bool {
+	first := &wf.phaseSteps()[0]
+	return first.call == nil && !first.alone && (first.isolation == "" || first.isolation == pgx.ReadCommitted) &&
+		r.cfg.MaxUnfinishedPerScope <= 0
+}
+
+// runNew runs the workflow for a key Peek found absent, on pc (which it
+// releases), with the key's recording in the first unit's transaction: the
+// key and the first phases commit together. When another attempt recorded
+// the key meanwhile (keystore.ErrNotRecorded), this one never held it: the
+// request goes in as an existing key's, and acquisition explains the key as
+// it then is.
+func (r *Runner) runNew(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, pc *pgxpool.Conn) (resp *Response, err error) {
+	state, err := initialState(wf, req)
+	if err != nil {
+		pc.Release()
+		return nil, err
+	}
+	token := newLockToken()
+	a := &attempt{r: r, wf: wf, scope: req.Scope, key: req.Key, token: token, attempts: 1, fresh: true,
+		resumedFrom: RecoveryPointStarted, conn: pc, rec: r.store.NewRecording(r.keyRequest(wf, req, fp, state, token))}
+	defer a.parkOnPanic(ctx)
+	resp, err = a.loop(ctx, 0, state)
+	if errors.Is(err, keystore.ErrNotRecorded) {
+		return r.runExisting(ctx, wf, req, fp)
+	}
+	return resp, err
+}
+
+// runExisting acquires the key in one statement, which records it when it
+// is new, then explains a refusal or runs an attempt from the key's
+// recovery point.
+func (r *Runner) runExisting(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint) (*Response, error) {
+	state, err := initialState(wf, req)
+	if err != nil {
+		return nil, err
+	}
+	kr := r.keyRequest(wf, req, fp, state, newLockToken())
+	kr.MaxUnfinished = r.maxUnfinished()
+	row, err := r.acquire(ctx, kr)
+	if err != nil {
+		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)
+	}
+	if !row.Acquired {
+		mismatch := row.Workflow != wf.Name() || !bytes.Equal(row.Fingerprint, fp[:])
+		return r.refused(ctx, row, mismatch, wf.Name(), req)
+	}
+	e := Event{Workflow: wf.Name(), Scope: req.Scope, Key: req.Key}
+	switch {
+	case row.Attempts <= 1:
+		e.Kind = EventCreated
+	case row.TookOver:
+		e.Kind = EventTakeover
+	default:
+		e.Kind = EventFailedRetry
+	}
+	r.observe(ctx, e)
+	return newAttempt(r, wf, req.Scope, req.Key, row).run(ctx, row)
+}
+
+// keyRequest is what the key store records of req.
+func (r *Runner) keyRequest(wf AnyWorkflow, req *Request, fp Fingerprint, state []byte, token int64) *keystore.Request {
+	return &keystore.Request{Scope: req.Scope, Key: req.Key, Workflow: wf.Name(), Fingerprint: fp[:],
+		Method: req.Method, Path: req.Path, State: state, Token: token}
+}
+
+// initialState builds a request's initial state: ErrInvalidRequest when
+// the input does not decode or the start function refuses it.
+func initialState(wf AnyWorkflow, req *Request) ([]byte, error) {
+	state, err := wf.initialState(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	}
+	return state, nil
+}
+
+// maxUnfinished is keystore.Request.MaxUnfinished: nil for no limit.
+func (r *Runner) maxUnfinished() *int32 {
+	if r.cfg.MaxUnfinishedPerScope <= 0 {
+		return nil
+	}
+	n := int32(min(r.cfg.MaxUnfinishedPerScope, math.MaxInt32))
+	return &n
+}
