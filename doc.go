@@ -61,11 +61,29 @@
 //
 // # Reading the code
 //
-// One concept per file: runner.go holds Run's whole path, request.go the
-// request's validation, lock.go the acquisition, attempt.go the phases of
-// one held key, recovery_point.go the checkpoint each phase commits. The
-// "code, file by file" section of docs/concepts.md walks a request through
-// them in order.
+// The root package is the API and the engine, one concept per file; the
+// key table's SQL lives in internal/keystore and canonical JSON in
+// internal/fingerprint. A request goes down the files in this order:
+//
+//   - runner.go: the Runner and its registry of workflows;
+//   - run.go: Run checks the request (request.go), fingerprints it
+//     (fingerprint.go), and chooses its way in once: runNew records a new
+//     key with its first unit, runExisting acquires any other key in one
+//     statement (lock.go); refusal.go explains a key not taken (a replay, a
+//     mismatch, a key in progress);
+//   - attempt.go: an attempt holds the key and runs from its recovery point
+//     (recovery_point.go), and fails a run, releasing the key (lock.go);
+//   - fusion.go: the attempt's loop, unit by unit: a foreign phase's call
+//     (foreign_call.go, or reconcile.go when an earlier call may have gone
+//     out), the local phases on one transaction (phase_tx.go), routed by
+//     their outcome (outcome.go), committed with the recovery point
+//     (recovery_point.go).
+//
+// Beside the path: resume.go (Resume), inspect.go (Inspect), operator.go
+// (ListKeys, Unpark, Forget, RecordResolution), sweep.go (the Sweeper and
+// Reap), classify.go (what a store or phase error means), errors.go,
+// config.go, observer.go, fault.go, migrate.go and citus.go. The "code,
+// file by file" section of docs/concepts.md walks it in more detail.
 //
 // # Testing
 //
