@@ -55,9 +55,14 @@ func (o *MigrateOpts) schema() string {
 
 // Migrations returns the package's migrations in version order, their SQL
 // written for opts.Schema. Use it to feed your own migration tool; schema.sql
-// holds the same SQL, for the default schema, in one file.
-func Migrations(opts *MigrateOpts) []Migration {
+// holds the same SQL, for the default schema, in one file. It applies the
+// same rules to the schema name as Migrate and NewRunner, and renders
+// nothing for a name they refuse.
+func Migrations(opts *MigrateOpts) ([]Migration, error) {
 	schema := opts.schema()
+	if err := checkSchemaName("MigrateOpts.Schema", schema); err != nil {
+		return nil, fmt.Errorf("atomicphase: %w", err)
+	}
 	byVersion := map[int]*Migration{}
 	entries, _ := fs.ReadDir(migrationFS, "migration")
 	for _, e := range entries {
@@ -85,7 +90,7 @@ func Migrations(opts *MigrateOpts) []Migration {
 		out = append(out, *m)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
-	return out
+	return out, nil
 }
 
 // Beginner is what Migrate needs from a database handle: *pgxpool.Pool,
@@ -106,8 +111,9 @@ const migrateLockID = 0x61746f6d69637068
 // may be nil for the defaults; with opts.Citus it then distributes the key
 // table and its functions on a Citus coordinator.
 func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error) {
-	if err := checkSchemaName("MigrateOpts.Schema", opts.schema()); err != nil {
-		return nil, fmt.Errorf("atomicphase: %w", err)
+	migrations, err := Migrations(opts)
+	if err != nil {
+		return nil, err
 	}
 	if opts != nil && opts.Citus {
 		if err := checkCitus(ctx, db); err != nil {
@@ -115,7 +121,7 @@ func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error)
 		}
 	}
 	var applied []int
-	for _, m := range Migrations(opts) {
+	for _, m := range migrations {
 		done, err := applyMigration(ctx, db, opts.schema(), m)
 		if err != nil {
 			return applied, fmt.Errorf("atomicphase: migration %03d_%s: %w", m.Version, m.Name, err)

@@ -15,7 +15,9 @@ func TestScaleDocShowsTheDistribution(t *testing.T) {
 	t.Parallel()
 	doc, err := os.ReadFile(filepath.Join("docs", "scale.md"))
 	require.NoError(t, err)
-	for _, sql := range CitusDistribution("") {
+	stmts, err := CitusDistribution("")
+	require.NoError(t, err)
+	for _, sql := range stmts {
 		require.Contains(t, string(doc), sql+";", "docs/scale.md shows %s", sql)
 	}
 }
@@ -29,7 +31,9 @@ func TestSplitStatements(t *testing.T) {
 		splitStatements("SELECT 1; -- a comment; with a ';'\nSELECT 'a;''b'; SELECT $f$ ; $$ ; $f$; SELECT \"x;y\"\n-- trailing\n"))
 	require.Equal(t, []string{"SELECT $1::text;", "/* c; */ SELECT 2;"}, splitStatements("SELECT $1::text; /* c; */ SELECT 2;"))
 	count := map[string]int{"001 up": 4, "006 up": 5, "006 down": 5}
-	for _, m := range Migrations(nil) {
+	ms, err := Migrations(nil)
+	require.NoError(t, err)
+	for _, m := range ms {
 		for dir, sql := range map[string]string{"up": m.Up, "down": m.Down} {
 			stmts := splitStatements(sql)
 			require.NotEmpty(t, stmts)

@@ -310,7 +310,11 @@ func (db *DB) Close() error {
 func ensureTemplate(ctx context.Context, srv *Server, admin *pgxpool.Pool, opts *Options) (string, error) {
 	h := sha256.New()
 	if !opts.SkipMigrations {
-		for _, m := range atomicphase.Migrations(nil) {
+		migrations, err := atomicphase.Migrations(nil)
+		if err != nil {
+			return "", err
+		}
+		for _, m := range migrations {
 			h.Write([]byte(m.Up))
 		}
 	}
