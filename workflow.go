@@ -42,6 +42,15 @@ type WorkflowOpts struct {
 	// are long, where a retry should not redo the ones that finished.
 	// Defaults to false.
 	CommitEachPhase bool
+
+	// ReplayHeaders names the per-client response headers this workflow's
+	// responses may store and replay (see docs/security-and-limits.md):
+	// Set-Cookie, Authorization, WWW-Authenticate and the like are refused
+	// by default, since a replay hands them to whoever sends the key.
+	// Hop-by-hop headers (Connection, Transfer-Encoding, …) and the ones
+	// net/http computes (Content-Length, Date) can never be named. Defaults
+	// to none.
+	ReplayHeaders []string
 }
 
 // Workflow is a named, validated, ordered list of phases over a state of type
@@ -53,6 +62,9 @@ type Workflow[S any] struct {
 	steps     []step
 	byName    map[string]int
 	keepState bool
+	// replayHeaders are the per-client headers ReplayHeaders allows,
+	// canonicalised.
+	replayHeaders map[string]bool
 }
 
 // step is the state-type-free view of a phase that the Runner executes:
@@ -98,6 +110,10 @@ func NewWorkflow[In, S any](name string, start StartFunc[In, S], phases []Phase[
 
 	var errs []error
 	if err := checkName("workflow name", name); err != nil {
+		errs = append(errs, err)
+	}
+	var err error
+	if wf.replayHeaders, err = allowedHeaders(opts.ReplayHeaders); err != nil {
 		errs = append(errs, err)
 	}
 	if start == nil {
@@ -183,6 +199,7 @@ func (w *Workflow[S]) Phases() []string {
 func (w *Workflow[S]) isNil() bool                               { return w == nil }
 func (w *Workflow[S]) phaseSteps() []step                        { return w.steps }
 func (w *Workflow[S]) keepsFinishedState() bool                  { return w.keepState }
+func (w *Workflow[S]) replayable() map[string]bool               { return w.replayHeaders }
 func (w *Workflow[S]) initialState(req *Request) ([]byte, error) { return w.start(req) }
 
 // AnyWorkflow is implemented by every *Workflow, whatever its state type, so
@@ -194,6 +211,7 @@ type AnyWorkflow interface {
 	phaseSteps() []step
 	initialState(req *Request) ([]byte, error)
 	keepsFinishedState() bool
+	replayable() map[string]bool
 	resumeAt(recoveryPoint, jumpTarget string) (int, error)
 }
 
