@@ -68,6 +68,14 @@ const (
 	EventUnknownWorkflow EventKind = "sweep.unknown_workflow"
 )
 
+// EventKinds returns every EventKind, in the order the docs list them.
+func EventKinds() []EventKind {
+	return []EventKind{EventCreated, EventReplay, EventInProgress, EventKeyMisuse, EventFailedRetry, EventTakeover,
+		EventOverLimit, EventUnknown, EventStoreError, EventPhaseCommitted, EventPhaseFailed, EventLockLost, EventParked,
+		EventReconcileScheduled, EventReconcileHappened, EventReconcileNotHappened, EventReconcileFailed,
+		EventZombieKey, EventTTLPruned, EventUnknownWorkflow}
+}
+
 // Event is one decision, with what it concerns. Scope and Key are given as
 // Config.RedactKey left them.
 type Event struct {
