@@ -98,6 +98,14 @@ type Config struct {
 	// both are the user's data. Defaults to nil (logged as they are).
 	RedactKey func(scope, key string) (string, string)
 
+	// RedactError, if set, rewrites the text of an error before it is
+	// stored on a key (KeyInfo.LastError), logged, or handed to an
+	// Observer (Event.Err and the error a span ends with, whose Error
+	// returns the rewritten text while errors.Is and errors.As still see
+	// the original): phase errors may quote what the client sent, a card
+	// number say. Defaults to nil (kept as it is).
+	RedactError func(msg string) string
+
 	// Schema is the PostgreSQL schema that holds the key table and the
 	// functions, as given to Migrate (MigrateOpts.Schema). Defaults to ""
 	// (unqualified names, found through the connection's search_path).
