@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -43,6 +44,27 @@ func TestSplitStatements(t *testing.T) {
 			}
 			if n, ok := count[fmt.Sprintf("%03d %s", m.Version, dir)]; ok {
 				require.Len(t, stmts, n, "migration %03d %s", m.Version, dir)
+			}
+		}
+	}
+}
+
+// From 0.1.0 on, upgrades need no stop (docs/operations.md, "Upgrades"): a
+// migration after 006 builds its indexes concurrently, outside a
+// transaction, so that no write to the key table waits for the build.
+func TestLaterMigrationsBuildIndexesOnline(t *testing.T) {
+	t.Parallel()
+	ms, err := Migrations(nil)
+	require.NoError(t, err)
+	createIndex := regexp.MustCompile(`(?i)\bCREATE\s+(UNIQUE\s+)?INDEX\b`)
+	for _, m := range ms {
+		if m.Version <= 6 {
+			continue
+		}
+		for _, stmt := range splitStatements(m.Up) {
+			if createIndex.MatchString(stmt) {
+				require.Regexp(t, concurrentIndex, stmt, "migration %03d builds its index with CREATE INDEX CONCURRENTLY IF NOT EXISTS", m.Version)
+				require.True(t, online(m), "migration %03d builds an index concurrently: it starts with %q", m.Version, noTransaction)
 			}
 		}
 	}
