@@ -114,7 +114,7 @@ func TestStatementsAreCitusCompatible(t *testing.T) {
 	t.Parallel()
 	stmts := packageStatements(t)
 	for _, name := range []string{"acquireSQL", "peekSQL", "recordSQL", "ownedBySQL", "takeSQL", "releaseSQL",
-		"checkpointSQL", "inspectSQL", "listKeysSQL", "unparkSQL", "forgetSQL", "recordResolutionSQL",
+		"checkpointSQL", "clearLastErrorSQL", "inspectSQL", "listKeysSQL", "unparkSQL", "forgetSQL", "recordResolutionSQL",
 		"takeVerdictSQL", "abandonedSQL", "unknownSQL", "reapSQL"} {
 		require.Contains(t, stmts, name, "the statements are found in the source")
 	}
