@@ -68,6 +68,7 @@ func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *c
 		var br pgx.BatchResults
 		br, err = tx.send(ctx, func(b *pgx.Batch) {
 			b.Queue(sql, args...)
+			b.Queue(guardClose)
 			b.Queue("COMMIT")
 		})
 		if err == nil {
