@@ -25,6 +25,9 @@ type phaseTx struct {
 	opts pgx.TxOptions
 	tx   pgx.Tx // nil until the first send
 	err  error  // a failure no pgx.Tx method could return
+	// guard is set once Conn handed out the connection: the guard cursor
+	// is declared with the next send (guarded, once it is).
+	guard, guarded bool
 	// refused is the first refusal of transaction control, or of a
 	// statement sent once the transaction was ended through Conn: it
 	// fails the phase whatever its function returns.
@@ -66,7 +69,9 @@ func newPhaseTx(conn *pgx.Conn, iso pgx.TxIsoLevel) *phaseTx {
 func (t *phaseTx) begun() bool { return t.tx != nil }
 
 // pending reports whether anything waits to be sent.
-func (t *phaseTx) pending() bool { return t.rec != nil || len(t.queue) > 0 }
+func (t *phaseTx) pending() bool {
+	return t.rec != nil || len(t.queue) > 0 || t.guard && !t.guarded
+}
 
 // Queue adds a statement to be sent with the transaction's next send. A
 // statement that is transaction control is refused (not queued), and the
@@ -89,13 +94,16 @@ func (t *phaseTx) Queue(sql string, args ...any) {
 // permanently, so that no retry repeats what already committed.
 
 // The guard makes a COMMIT the Runner did not send fail, and roll the
-// transaction back: every phase transaction declares, with its BEGIN, a
-// cursor WITH HOLD whose query fails when it runs, and a holdable cursor's
-// query runs when its transaction commits. The Runner closes the cursor in
-// its commit's batch, just before COMMIT (guardClose); a COMMIT sent
-// through Conn (pgx.BeginFunc's, say) finds it open and fails, with the
-// message below, before anything commits. random() keeps the query from
-// being evaluated (and failing) when it is planned.
+// transaction back: a phase transaction whose Conn was handed out declares
+// (pipelined with what it sends next) a cursor WITH HOLD whose query fails
+// when it runs, and a holdable cursor's query runs when its transaction
+// commits. The Runner closes the cursor in its commit's batch, just before
+// COMMIT (guardClose); a COMMIT sent through Conn (pgx.BeginFunc's, say)
+// finds it open and fails, with the message below, before anything
+// commits. random() keeps the query from being evaluated (and failing) when
+// it is planned. Only Conn needs it: the Tx's own methods refuse
+// transaction control before sending it, so a phase that never asks for
+// Conn pays nothing.
 const (
 	guardDeclare = `DECLARE ap_phase_guard CURSOR WITH HOLD FOR SELECT ('atomicphase: refused: a COMMIT sent from inside a phase, through Tx.Conn; the Runner commits the phase with its recovery point ' || random())::int`
 	guardClose   = `CLOSE ap_phase_guard`
@@ -159,6 +167,9 @@ func (t *phaseTx) send(ctx context.Context, tail func(*pgx.Batch)) (pgx.BatchRes
 	begin := t.tx == nil
 	if begin {
 		b.BeginTx(t.opts)
+	}
+	guard := t.guard && !t.guarded
+	if guard {
 		b.Queue(guardDeclare)
 	}
 	rec, queue := t.rec, t.queue
@@ -178,9 +189,12 @@ func (t *phaseTx) send(ctx context.Context, tail func(*pgx.Batch)) (pgx.BatchRes
 		if _, err := br.Exec(); err != nil { // BEGIN's result
 			return nil, closeAfter(br, err)
 		}
-		if _, err := br.Exec(); err != nil { // the guard's
+	}
+	if guard {
+		if _, err := br.Exec(); err != nil {
 			return nil, closeAfter(br, err)
 		}
+		t.guarded = true
 	}
 	if rec != nil {
 		if err := rec.Read(br); err != nil {
@@ -303,7 +317,7 @@ func (t *phaseTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &savepoint{t: t, sp: sp}, nil
+	return &savepoint{t: t, sp: sp, guarded: t.guarded}, nil
 }
 
 // LargeObjects begins the transaction first, since large objects only work
@@ -330,9 +344,12 @@ func (t *phaseTx) Rollback(context.Context) error { return ErrPhaseTxControl }
 // carry an error, so if BEGIN fails (the connection broke) the phase's
 // commit reports the error. Transaction control sent through the returned
 // connection (pgx.BeginFunc on it, a COMMIT) is not seen as it is sent: a
-// transaction it ended fails the phase permanently at the next statement
-// sent through the Tx, or when the phase's function returns (escaped).
+// COMMIT fails on the guard (see guardDeclare) and rolls the transaction
+// back, and a transaction so ended fails the phase permanently at the next
+// statement sent through the Tx, or when the phase's function returns
+// (escaped).
 func (t *phaseTx) Conn() *pgx.Conn {
+	t.guard = true
 	if err := t.flush(context.Background()); err != nil {
 		t.err = err
 	}

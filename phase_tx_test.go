@@ -143,6 +143,20 @@ func TestPhaseTxEscapeThroughConnFailsClosed(t *testing.T) {
 			_, err := tx.Exec(ctx, insertEffect) // would run in autocommit
 			return err
 		}},
+		{"inside a savepoint rolled back", func(ctx context.Context, tx atomicphase.Tx) error {
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			_ = tx.Conn() // the guard is declared inside the savepoint
+			if err := sp.Rollback(ctx); err != nil {
+				return err
+			}
+			return pgx.BeginFunc(ctx, tx.Conn(), func(inner pgx.Tx) error {
+				_, err := inner.Exec(ctx, insertEffect)
+				return err
+			})
+		}},
 		{"commit and begin", func(ctx context.Context, tx atomicphase.Tx) error {
 			if _, err := tx.Exec(ctx, insertEffect); err != nil {
 				return err

@@ -22,6 +22,9 @@ type savepoint struct {
 	// deferred Rollback after Commit must leave alone what the phase
 	// queued since, outside the savepoint.
 	done bool
+	// guarded is whether the phase's guard cursor was declared before the
+	// savepoint began: one declared inside it goes with its rollback.
+	guarded bool
 }
 
 var _ pgx.Tx = (*savepoint)(nil)
@@ -43,7 +46,7 @@ func (s *savepoint) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &savepoint{t: s.t, sp: sp}, nil
+	return &savepoint{t: s.t, sp: sp, guarded: s.t.guarded}, nil
 }
 
 // Commit releases the savepoint after sending what was queued inside it.
@@ -66,6 +69,9 @@ func (s *savepoint) Rollback(ctx context.Context) error {
 	}
 	s.done = true
 	s.t.queue = nil
+	if !s.guarded {
+		s.t.guarded = false // declared again with the next send
+	}
 	if err := s.t.escaped(); err != nil {
 		return err
 	}
