@@ -1,0 +1,105 @@
+package apvet
+
+import (
+	"go/ast"
+	"go/types"
+	"strings"
+
+	"golang.org/x/tools/go/analysis"
+	"golang.org/x/tools/go/types/typeutil"
+)
+
+// networkCall names the network I/O call makes, or "" when it makes none
+// apvet knows of: net/http's requests, net's dials, gRPC's invocations, and
+// the context-taking methods of known SDK clients (Stripe, AWS).
+func networkCall(info *types.Info, call *ast.CallExpr) string {
+	fn, _ := typeutil.Callee(info, call).(*types.Func)
+	if fn == nil || fn.Pkg() == nil {
+		return ""
+	}
+	path, name := fn.Pkg().Path(), fn.Name()
+	sig := fn.Type().(*types.Signature)
+	recv := ""
+	if sig.Recv() != nil {
+		t := sig.Recv().Type()
+		if p, ok := t.(*types.Pointer); ok {
+			t = p.Elem()
+		}
+		if n, ok := types.Unalias(t).(*types.Named); ok {
+			recv = n.Obj().Name()
+		} else if _, ok := t.Underlying().(*types.Interface); ok {
+			recv = "interface"
+		}
+	}
+	qualified := path + "." + name
+	if recv != "" {
+		qualified = path + ".(" + recv + ")." + name
+	}
+	switch path {
+	case "net/http":
+		switch {
+		case recv == "" && (name == "Get" || name == "Post" || name == "PostForm" || name == "Head"):
+			return "http." + name
+		case recv == "Client" && (name == "Do" || name == "Get" || name == "Post" || name == "PostForm" || name == "Head"):
+			return "(*http.Client)." + name
+		case (recv == "Transport" || recv == "RoundTripper") && name == "RoundTrip":
+			return "http." + recv + ".RoundTrip"
+		}
+	case "net":
+		if strings.HasPrefix(name, "Dial") || strings.HasPrefix(name, "Lookup") {
+			return qualified
+		}
+	case "net/smtp":
+		if name == "SendMail" || name == "Dial" {
+			return qualified
+		}
+	case "google.golang.org/grpc":
+		if recv == "ClientConn" && (name == "Invoke" || name == "NewStream") {
+			return "(*grpc.ClientConn)." + name
+		}
+	}
+	for _, sdk := range []string{"github.com/stripe/stripe-go/", "github.com/aws/aws-sdk-go-v2/service/"} {
+		if strings.HasPrefix(path, sdk) && recv != "" && takesContext(sig) {
+			return qualified
+		}
+	}
+	return ""
+}
+
+func takesContext(sig *types.Signature) bool {
+	return sig.Params().Len() > 0 && isNamed(sig.Params().At(0).Type(), "context", "Context")
+}
+
+// retryingClient names the self-retrying HTTP client call uses, or "".
+func retryingClient(info *types.Info, call *ast.CallExpr) string {
+	fn, _ := typeutil.Callee(info, call).(*types.Func)
+	if fn == nil || fn.Pkg() == nil {
+		return ""
+	}
+	path := fn.Pkg().Path()
+	for _, c := range []string{"github.com/hashicorp/go-retryablehttp", "github.com/go-resty/resty"} {
+		if strings.HasPrefix(path, c) {
+			return path
+		}
+	}
+	return ""
+}
+
+// checkGoroutines reports a go statement in a phase whose function uses
+// the phase's transaction.
+func checkGoroutines(pass *analysis.Pass, body *ast.BlockStmt, tx map[types.Object]bool) {
+	ast.Inspect(body, func(n ast.Node) bool {
+		g, ok := n.(*ast.GoStmt)
+		if !ok {
+			return true
+		}
+		ast.Inspect(g.Call, func(m ast.Node) bool {
+			if id, ok := m.(*ast.Ident); ok && tx[pass.TypesInfo.Uses[id]] {
+				pass.Reportf(g.Pos(), "a goroutine in a phase uses the phase's transaction (%s): it may still run after the phase committed or rolled back, and a transaction is not safe for concurrent use; use tx in the phase's own goroutine", id.Name)
+				return false
+			}
+			return true
+		})
+		return true
+	})
+}
