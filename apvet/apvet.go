@@ -51,6 +51,7 @@ const apPath = "github.com/atomicphase/atomicphase"
 
 func run(pass *analysis.Pass) (any, error) {
 	ins := pass.ResultOf[inspect.Analyzer].(*inspector.Inspector)
+	net := findHelpers(pass)
 	ins.Preorder([]ast.Node{(*ast.FuncDecl)(nil), (*ast.FuncLit)(nil)}, func(n ast.Node) {
 		var sig *types.Signature
 		var body *ast.BlockStmt
@@ -71,13 +72,13 @@ func run(pass *analysis.Pass) (any, error) {
 			p := sig.Params().At(i)
 			switch {
 			case isNamed(p.Type(), apPath, "Tx"):
-				checkLocal(pass, body, p)
+				checkLocal(pass, net, body, p)
 				return
 			case isPointerTo(p.Type(), apPath, "ForeignCall"):
 				// A reconcile function answers (happened bool, err): its
 				// lookup is made outside call.Do by design.
 				reconcile := sig.Results().Len() == 2 && types.Identical(sig.Results().At(0).Type(), types.Typ[types.Bool])
-				checkForeign(pass, body, p, reconcile)
+				checkForeign(pass, net, body, p, reconcile)
 				return
 			}
 		}

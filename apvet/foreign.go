@@ -12,7 +12,7 @@ import (
 // checkForeign checks a function taking a *atomicphase.ForeignCall call: a
 // foreign phase's call, or its reconcile function, whose lookup is made
 // outside call.Do by design.
-func checkForeign(pass *analysis.Pass, body *ast.BlockStmt, call *types.Var, reconcile bool) {
+func checkForeign(pass *analysis.Pass, net helpers, body *ast.BlockStmt, call *types.Var, reconcile bool) {
 	info := pass.TypesInfo
 	checkHandles(pass, body, nil, "that makes a foreign call: a foreign phase holds no transaction, so what it writes there commits on its own and a retry writes it again; record the call's result in the phase's record step, through its tx")
 	own := derived(info, body, call)
@@ -69,7 +69,7 @@ func checkForeign(pass *analysis.Pass, body *ast.BlockStmt, call *types.Var, rec
 			return true
 		}
 		checkSQLText(pass, c)
-		if what := networkCall(info, c); what != "" && !reconcile && !transport && !insideDo(c.Pos()) {
+		if what := net.networkCall(info, c); what != "" && !reconcile && !transport && !insideDo(c.Pos()) {
 			pass.Reportf(c.Pos(), "%s in a foreign phase outside call.Do: the guard does not see it, so a retry makes it again, and without the downstream key; make it inside call.Do, or through an http.Client whose Transport is call.Transport(nil)", what)
 		}
 		if lib := retryingClient(info, c); lib != "" {

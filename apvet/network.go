@@ -9,10 +9,74 @@ import (
 	"golang.org/x/tools/go/types/typeutil"
 )
 
+// helpers maps the functions of the package being checked (declared, or
+// function literals assigned to a variable) that make network I/O, directly
+// or through another such helper, to what they call: a phase calling one
+// makes that I/O too.
+type helpers map[types.Object]string
+
+// findHelpers computes the package's helpers, to a fixed point.
+func findHelpers(pass *analysis.Pass) helpers {
+	bodies := map[types.Object]*ast.BlockStmt{}
+	for _, f := range pass.Files {
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch x := n.(type) {
+			case *ast.FuncDecl:
+				if x.Body != nil {
+					bodies[pass.TypesInfo.Defs[x.Name]] = x.Body
+				}
+			case *ast.AssignStmt:
+				for i, r := range x.Rhs {
+					lit, ok := r.(*ast.FuncLit)
+					if !ok || i >= len(x.Lhs) {
+						continue
+					}
+					if id, ok := x.Lhs[i].(*ast.Ident); ok {
+						obj := pass.TypesInfo.Defs[id]
+						if obj == nil {
+							obj = pass.TypesInfo.Uses[id]
+						}
+						if obj != nil {
+							bodies[obj] = lit.Body
+						}
+					}
+				}
+			}
+			return true
+		})
+	}
+	h := helpers{}
+	for changed := true; changed; {
+		changed = false
+		for obj, body := range bodies {
+			if _, done := h[obj]; done {
+				continue
+			}
+			ast.Inspect(body, func(n ast.Node) bool {
+				if c, ok := n.(*ast.CallExpr); ok {
+					if what := h.networkCall(pass.TypesInfo, c); what != "" {
+						h[obj] = what
+						changed = true
+						return false
+					}
+				}
+				return true
+			})
+		}
+	}
+	return h
+}
+
 // networkCall names the network I/O call makes, or "" when it makes none
-// apvet knows of: net/http's requests, net's dials, gRPC's invocations, and
-// the context-taking methods of known SDK clients (Stripe, AWS).
-func networkCall(info *types.Info, call *ast.CallExpr) string {
+// apvet knows of: net/http's requests, net's dials, gRPC's invocations, the
+// context-taking methods of known SDK clients (Stripe, AWS), and the
+// package's own helpers that make one of those.
+func (h helpers) networkCall(info *types.Info, call *ast.CallExpr) string {
+	if id := rootIdent(call.Fun); id != nil && id == call.Fun {
+		if what, ok := h[info.Uses[id]]; ok {
+			return id.Name + " (which calls " + what + ")"
+		}
+	}
 	fn, _ := typeutil.Callee(info, call).(*types.Func)
 	if fn == nil || fn.Pkg() == nil {
 		return ""

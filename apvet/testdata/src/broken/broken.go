@@ -57,6 +57,9 @@ func (a *app) Phases(base string) []atomicphase.Phase[Ride] {
 			_, err := http.Post(base+"/charges", "text/plain", nil) // want `http.Post in a local phase: network I/O inside the phase's transaction`
 			return atomicphase.Continue(), err
 		}),
+		atomicphase.Local("helper", func(ctx context.Context, tx atomicphase.Tx, r *Ride) (atomicphase.Outcome, error) {
+			return atomicphase.Continue(), charge(ctx, base, "k") // want `charge \(which calls \(\*http.Client\).Do\) in a local phase`
+		}),
 		atomicphase.Local("goroutine", func(ctx context.Context, tx atomicphase.Tx, r *Ride) (atomicphase.Outcome, error) {
 			go tx.Exec(ctx, `INSERT INTO rides DEFAULT VALUES`) // want `a goroutine in a phase uses the phase's transaction`
 			return atomicphase.Continue(), nil
