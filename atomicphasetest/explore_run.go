@@ -130,20 +130,40 @@ func (e *explorer) runTrial(plan [][]Fault) (Row, *atomicphase.Response) {
 	}
 	var final *atomicphase.Response
 	var lastErr error
+	var dups []*duplicate
+	// A duplicate still running when the run ends is waited for: it
+	// may hold the key, and the fixtures must outlive it.
+	defer func() {
+		for _, d := range dups {
+			<-d.done
+		}
+	}()
 	for attempt := 1; attempt <= e.sc.MaxAttempts && final == nil; attempt++ {
 		var rules []faultinject.Rule
+		var dup *duplicate
 		if attempt <= len(plan) {
 			for _, f := range plan[attempt-1] {
+				if f.Action == Duplicate {
+					dup = &duplicate{point: f.Point, admin: db.Pool, send: func(ctx context.Context) (*atomicphase.Response, error) {
+						return attemptOnce(ctx, runner, trial)
+					}}
+					continue
+				}
 				rules = append(rules, faultinject.Rule{Workflow: f.Point.Workflow, Phase: f.Point.Phase, Place: f.Point.Place, Action: f.Action})
 			}
 		}
 		inj := faultinject.New(rules...)
 		inj.Admin = db.Pool
-		sw.set(inj)
+		sw.set(inj, dup)
 		row.Attempts = attempt
 		resp, err := attemptOnce(ctx, runner, trial)
 		row.passed = append(row.passed, inj.Passed())
 		planned(attempt, inj)
+		if dup.started() {
+			dups = append(dups, dup)
+		} else if dup != nil {
+			row.Unfired = append(row.Unfired, Fault{Point: dup.point, Action: Duplicate, Attempt: attempt})
+		}
 		switch {
 		case err == nil:
 			final = resp
@@ -162,7 +182,7 @@ func (e *explorer) runTrial(plan [][]Fault) (Row, *atomicphase.Response) {
 			}
 		}
 	}
-	sw.set(nil)
+	sw.set(nil, nil)
 	for attempt := row.Attempts + 1; attempt <= len(plan); attempt++ {
 		row.Unfired = append(row.Unfired, plan[attempt-1]...)
 	}
@@ -172,6 +192,12 @@ func (e *explorer) runTrial(plan [][]Fault) (Row, *atomicphase.Response) {
 		return row, nil
 	}
 	row.Outcome = fmt.Sprint(final.Status)
+	for _, d := range dups {
+		if err := d.verdict(final); err != nil {
+			row.Violation = err
+			return row, final
+		}
+	}
 	row.Violation = e.check(ctx, runner, trial, final)
 	return row, final
 }
@@ -219,14 +245,23 @@ func attemptOnce(ctx context.Context, runner *atomicphase.Runner, trial *Trial) 
 	return trial.Attempt(ctx, runner)
 }
 
-// switchable lets the explorer change the injector between attempts of one
-// Runner.
+// switchable lets the explorer change the injector, and the concurrent
+// duplicate to send, between attempts of one Runner. The duplicate's own
+// passes go to neither.
 type switchable struct {
 	inj atomic.Pointer[faultinject.Injector]
+	dup atomic.Pointer[duplicate]
 }
 
-func (s *switchable) set(inj *faultinject.Injector) { s.inj.Store(inj) }
+func (s *switchable) set(inj *faultinject.Injector, dup *duplicate) {
+	s.inj.Store(inj)
+	s.dup.Store(dup)
+}
 
 func (s *switchable) InjectFault(ctx context.Context, at atomicphase.FaultPoint, conn *pgx.Conn) error {
+	if ctx.Value(dupKey{}) != nil {
+		return nil
+	}
+	s.dup.Load().at(ctx, at)
 	return s.inj.Load().InjectFault(ctx, at, conn)
 }

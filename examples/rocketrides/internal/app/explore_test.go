@@ -126,3 +126,29 @@ func bookingScenario(name string, lost []fakebank.Failure) atomicphasetest.Scena
 	}
 	return sc
 }
+
+// TestBookingConcurrentDuplicateAtEveryPoint sends the same booking a
+// second time, concurrently, while the first stands at each point of each
+// attempt: one ride, one charge, one payout, one receipt all the same, and
+// the duplicate gets the final answer or an error its client retries.
+func TestBookingConcurrentDuplicateAtEveryPoint(t *testing.T) {
+	if testing.Short() {
+		t.Skip("explores every fault point; -short skips it")
+	}
+	for _, c := range []struct {
+		name string
+		lost []fakebank.Failure
+	}{
+		{"bank answers", nil},
+		{"payout answer lost", []fakebank.Failure{fakebank.ActThen5xx}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			rep := atomicphasetest.ExploreDuplicates(t, bookingScenario(c.name, c.lost))
+			for _, row := range rep.Rows[1:] {
+				require.Empty(t, row.Unfired, "the duplicate was sent at %v", row.Faults)
+			}
+			t.Logf("%d runs", len(rep.Rows))
+		})
+	}
+}
