@@ -138,7 +138,10 @@ func (t *phaseTx) escaped() error {
 	if t.refused != nil {
 		return t.refused
 	}
-	if t.tx != nil && t.conn.PgConn().TxStatus() == 'I' {
+	// A broken connection (a terminated backend, a lost network) ended
+	// the transaction too, but nothing of it committed: that failure is the
+	// statement's own, and transient.
+	if t.tx != nil && !t.conn.IsClosed() && t.conn.PgConn().TxStatus() == 'I' {
 		t.refused = Permanent(fmt.Errorf("%w: its writes rolled back; send nothing through Tx.Conn that commits or rolls back (pgx.BeginFunc on it does), and return an error from the phase to roll it back", ErrPhaseTxEscaped))
 	}
 	return t.refused

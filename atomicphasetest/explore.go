@@ -49,6 +49,13 @@ type Scenario struct {
 	// answer byte for byte. Defaults to false.
 	SameBodyAsCleanRun bool
 
+	// Sweep runs the sweep (Sweeper.RunOnce) after every attempt that
+	// fails, before the client's retry, with locks and backoffs aged as the
+	// passage of time would: the sweep finishes the key, and its run is an
+	// attempt of its own, explored like the client's (its points faulted
+	// with every action). Defaults to false: the client retries alone.
+	Sweep bool
+
 	// Consecutive is how many consecutive attempts a plan of Explore may
 	// fault: after the plan that faults attempt k at a point, plans that
 	// fault attempts k, k+1, … at that point with the same action, as long

@@ -158,3 +158,35 @@ func TestExplorerFaultsEveryAttemptOfTheCleanRun(t *testing.T) {
 		t.Logf("caught at %v: %v", v.Faults, v.Violation)
 	})
 }
+
+// TestExplorerFaultsTheSweepFinishingAKey: with Scenario.Sweep, the sweep
+// runs after every failed attempt, before the client's retry; when the
+// bank's first answer is lost, the clean run is the client's 409, the sweep
+// reconciling and finishing the key, and the client's replay, and the
+// sweep's points are faulted with every action like the client's.
+func TestExplorerFaultsTheSweepFinishingAKey(t *testing.T) {
+	t.Parallel()
+	sc := payoutScenario(testshop.BankActThenLose, true)
+	sc.Sweep = true
+	rep := atomicphasetest.Explore(t, sc)
+	require.Len(t, rep.Attempts, 3, "client, sweep, client")
+	require.Positive(t, rep.Coverage.Attempts[1].Run, "the sweep's attempt is faulted")
+	sweepFaults := 0
+	for _, row := range rep.Rows[1:] {
+		require.Equal(t, "201", row.Outcome, "%v", row.Faults)
+		if row.Faults[0].Attempt == 2 {
+			sweepFaults++
+		}
+	}
+	require.Positive(t, sweepFaults)
+
+	t.Run("reconcile with a side effect", func(t *testing.T) {
+		t.Parallel()
+		sc := payoutScenarioWith(testshop.BankActThenLose, testshop.ReconcileAndAck)
+		sc.Sweep = true
+		v := atomicphasetest.Survey(t, sc).Violation()
+		require.NotNil(t, v)
+		require.ErrorContains(t, v.Violation, "acknowledgements for reference")
+		require.Equal(t, 2, v.Faults[0].Attempt, "caught by a fault on the sweep's attempt")
+	})
+}

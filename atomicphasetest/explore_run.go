@@ -8,12 +8,14 @@ import (
 	"slices"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/faultinject"
+	"github.com/atomicphase/atomicphase/internal/keystore"
 )
 
 // explorer runs a scenario's trials: the clean run, then one per plan.
@@ -128,6 +130,13 @@ func (e *explorer) runTrial(plan [][]Fault) (Row, *atomicphase.Response) {
 			}
 		}
 	}
+	var sweeper *atomicphase.Sweeper
+	if e.sc.Sweep {
+		if sweeper, err = atomicphase.NewSweeper(runner, nil); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	sweepNext := false
 	var final *atomicphase.Response
 	var lastErr error
 	var dups []*duplicate
@@ -156,9 +165,21 @@ func (e *explorer) runTrial(plan [][]Fault) (Row, *atomicphase.Response) {
 		inj.Admin = db.Pool
 		sw.set(inj, dup)
 		row.Attempts = attempt
+		if sweepNext {
+			// This attempt is the sweep's: it resumes the key (or finds
+			// nothing due), and the client retries next.
+			sweepNext = false
+			if err := sweepOnce(ctx, db, sweeper, lockTimeout); err != nil {
+				lastErr = err
+			}
+			row.passed = append(row.passed, inj.Passed())
+			planned(attempt, inj)
+			continue
+		}
 		resp, err := attemptOnce(ctx, runner, trial)
 		row.passed = append(row.passed, inj.Passed())
 		planned(attempt, inj)
+		sweepNext = err != nil && sweeper != nil
 		if dup.started() {
 			dups = append(dups, dup)
 		} else if dup != nil {
@@ -200,6 +221,30 @@ func (e *explorer) runTrial(plan [][]Fault) (Row, *atomicphase.Response) {
 	}
 	row.Violation = e.check(ctx, runner, trial, final)
 	return row, final
+}
+
+// sweepOnce runs the sweep once, after ageing locks and backoffs as the
+// passage of time would, turning an injected panic into an error as
+// attemptOnce does. The resumed key's failures are the sweep's to count,
+// not to return; the client's retry meets what they left.
+func sweepOnce(ctx context.Context, db *DB, sweeper *atomicphase.Sweeper, lockTimeout time.Duration) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			ip, ok := p.(*faultinject.InjectedPanic)
+			if !ok {
+				panic(p)
+			}
+			err = fmt.Errorf("%s", ip)
+		}
+	}()
+	if err := AgeLocks(ctx, db.Pool, lockTimeout); err != nil {
+		return err
+	}
+	if err := keystore.AgeBackoffs(ctx, db.Pool, ""); err != nil {
+		return err
+	}
+	_, err = sweeper.RunOnce(ctx)
+	return err
 }
 
 // check applies the built-in invariants and the trial's own.
