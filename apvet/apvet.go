@@ -42,7 +42,6 @@ import (
 var Analyzer = &analysis.Analyzer{
 	Name:     "apvet",
 	Doc:      "check atomicphase workflows for mistakes that break the exactly-once guarantee (see package apvet)",
-	URL:      "https://pkg.go.dev/github.com/atomicphase/atomicphase/apvet",
 	Requires: []*analysis.Analyzer{inspect.Analyzer},
 	Run:      run,
 }
