@@ -18,7 +18,8 @@
 //   - an HTTP client that retries on its own (go-retryablehttp, resty)
 //     inside a foreign phase: its retries are calls the guard never sees;
 //   - a goroutine in a phase that uses the phase's tx, which may outlive
-//     the phase and is not safe for concurrent use.
+//     the phase and is not safe for concurrent use, and the tx stored where
+//     it outlives the phase (a package variable, a field).
 //
 // A phase is recognised by its signature: a function taking an
 // atomicphase.Tx is a local phase (or a foreign phase's record step); one

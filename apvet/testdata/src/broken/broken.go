@@ -105,6 +105,16 @@ func (a *app) Phases(base string) []atomicphase.Phase[Ride] {
 	}
 }
 
+var lastTx atomicphase.Tx
+
+// keepTx keeps its transaction for later.
+func keepTx(ctx context.Context, tx atomicphase.Tx, r *Ride) (atomicphase.Outcome, error) {
+	lastTx = tx // want `the phase's transaction \(tx\) is stored where it outlives the phase`
+	local := tx
+	_ = local
+	return atomicphase.Continue(), nil
+}
+
 // recordRide is a phase function declared on its own, and found by its
 // signature all the same.
 func recordRide(ctx context.Context, tx atomicphase.Tx, r *Ride) (atomicphase.Outcome, error) {
