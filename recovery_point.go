@@ -74,6 +74,9 @@ func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *c
 		var br pgx.BatchResults
 		br, err = tx.send(ctx, func(b *pgx.Batch) {
 			b.Queue(sql, args...)
+			if tx.guard {
+				b.Queue(guardClose)
+			}
 			b.Queue("COMMIT")
 		})
 		if err == nil {
