@@ -94,6 +94,21 @@ var (
 	ErrPhaseTxControl = errors.New("atomicphase: the runner commits and rolls back phase transactions")
 )
 
+// ErrParked is Run's answer to a retry of a parked key: an earlier attempt
+// failed permanently (or used the key's last attempt), and the key waits
+// for an operator (Unpark, Resume, RecordResolution, Forget). Nothing ran.
+// It is a permanent failure too (errors.Is(err, ErrPermanent)): Retryable
+// reports false, and a client that retries gets the same answer until an
+// operator acts.
+var ErrParked error = parkedError{}
+
+type parkedError struct{}
+
+func (parkedError) Error() string {
+	return "atomicphase: the request failed permanently and is parked for an operator; retrying it changes nothing"
+}
+func (parkedError) Is(target error) bool { return target == ErrPermanent }
+
 // ErrOutcomeUnknown means a foreign call to a downstream without
 // idempotency keys (a phase with WithReconcile) may or may not have taken
 // effect, and reconciliation has not told yet: the call failed after it may

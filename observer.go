@@ -30,6 +30,13 @@ const (
 	// EventOverLimit: a new key was refused because its scope has
 	// Config.MaxUnfinishedPerScope unfinished keys (429).
 	EventOverLimit EventKind = "reserve.over_limit"
+	// EventDataRefused: the database refused the request's own data (a
+	// constraint it breaks, a value out of range) in Phase; the key was
+	// finished with a 422 (Err says what was refused).
+	EventDataRefused EventKind = "key.data_refused"
+	// EventParkedRefused: a retry of a parked key was answered with its
+	// failure (500) without running anything.
+	EventParkedRefused EventKind = "reserve.parked"
 	// EventStoreError: a statement on the key store failed (Err says how).
 	EventStoreError EventKind = "store.error"
 	// EventPhaseCommitted: a phase committed (Duration: the whole phase,

@@ -23,6 +23,10 @@ type phaseTx struct {
 	opts pgx.TxOptions
 	tx   pgx.Tx // nil until the first send
 	err  error  // a failure no pgx.Tx method could return
+	// driverErr is the first error Exec, Query or a QueryRow's Scan
+	// returned to the phase, so that a failure the phase passes on can be
+	// told to be the database's or the driver's (see classify).
+	driverErr error
 	// phase is the phase whose function runs now; queued statements are
 	// charged to it.
 	phase string
@@ -131,7 +135,21 @@ func (t *phaseTx) flush(ctx context.Context) error {
 	return br.Close()
 }
 
+// met notes err as one the transaction returned to the phase, and returns
+// it. pgx.ErrNoRows is the phase's to judge, not a failure.
+func (t *phaseTx) met(err error) error {
+	if err != nil && t.driverErr == nil && !errors.Is(err, pgx.ErrNoRows) {
+		t.driverErr = err
+	}
+	return err
+}
+
 func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	tag, err := t.exec(ctx, sql, args...)
+	return tag, t.met(err)
+}
+
+func (t *phaseTx) exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if t.tx != nil && !t.pending() {
 		return t.tx.Exec(ctx, sql, args...)
 	}
@@ -147,6 +165,11 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 }
 
 func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	rows, err := t.query(ctx, sql, args...)
+	return rows, t.met(err)
+}
+
+func (t *phaseTx) query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if t.tx != nil && !t.pending() {
 		return t.tx.Query(ctx, sql, args...)
 	}
@@ -163,7 +186,7 @@ func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 
 func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	rows, err := t.Query(ctx, sql, args...)
-	return &row{rows: rows, err: err}
+	return &row{rows: rows, err: err, tx: t}
 }
 
 // SendBatch sends b after whatever waits to be sent: in one round trip
@@ -269,9 +292,14 @@ func (r *batchRows) Err() error {
 type row struct {
 	rows pgx.Rows
 	err  error
+	tx   *phaseTx
 }
 
 func (r *row) Scan(dest ...any) error {
+	return r.tx.met(r.scan(dest...))
+}
+
+func (r *row) scan(dest ...any) error {
 	if r.err != nil {
 		return r.err
 	}

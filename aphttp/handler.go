@@ -166,10 +166,13 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 		case errors.Is(err, atomicphase.ErrFingerprintMismatch):
 			WriteProblem(w, Problem{Type: ProblemKeyReused, Title: "Idempotency-Key reused with a different request", Status: http.StatusUnprocessableEntity,
 				Detail: "this key was first used with another method, path or body; use a new key for a new request"}, 0)
+		case errors.Is(err, atomicphase.ErrParked):
+			WriteProblem(w, Problem{Type: ProblemParked, Title: "Request failed permanently", Status: http.StatusInternalServerError,
+				Detail: "an earlier attempt of this request met an error that retrying cannot fix; it is parked for an operator, and retrying it changes nothing until the operator acts"}, 0)
 		case errors.Is(err, atomicphase.ErrPermanent):
 			h.report(r, err)
 			WriteProblem(w, Problem{Type: ProblemPermanentFailure, Title: "Request failed permanently", Status: http.StatusInternalServerError,
-				Detail: "this request met an error that retrying cannot fix; it is parked for an operator, and a retry with the same Idempotency-Key after the fix resumes it"}, 0)
+				Detail: "this request met an error that retrying cannot fix; it is parked for an operator, and retrying it changes nothing until the operator acts"}, 0)
 		case errors.Is(err, atomicphase.ErrInvalidScope):
 			h.report(r, err)
 			WriteProblem(w, Problem{Type: ProblemInvalidScope, Title: "Server error", Status: http.StatusInternalServerError,

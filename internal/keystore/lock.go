@@ -33,15 +33,17 @@ type Row struct {
 	Attempts       int      // acquisitions of the key so far, this one included
 	TookOver       bool     // this acquisition took a stale lock
 	OverLimit      bool     // a new key refused: its scope has too many unfinished keys
+	Parked         bool     // a parked key refused: a client's retry does not run it again
 	ResponseStatus *int
 	ResponseHeader []byte // JSON text, decoded only for a replay
 	ResponseBody   []byte
 }
 
 // acquireSQL records or takes the key, or reports why not, in one statement
-// and one round trip (see atomicphase_acquire in schema.sql). A replay reads
-// the row by primary key and writes nothing.
-const acquireSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_acquire(
+// and one round trip (see atomicphase_admit and atomicphase_acquire in
+// schema.sql). A replay, and a parked key, read the row by primary key and
+// write nothing.
+const acquireSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_admit(
 	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, $9::bigint, $10::integer)`
 
 // Request is what a request's recording and acquisition store of it.
@@ -61,7 +63,7 @@ type Request struct {
 // Acquire records req's key, or takes it when it is unfinished and nobody
 // holds it, or reports why not (Row.Acquired false: a finished key's stored
 // response, a key used with another request, a live lock, a scope over its
-// limit), in one statement. It scans positionally: it is the hot path of
+// limit, a parked key), in one statement. It scans positionally: it is the hot path of
 // every request.
 func (s *Store) Acquire(ctx context.Context, db DB, req *Request) (*Row, error) {
 	var row Row
@@ -71,7 +73,7 @@ func (s *Store) Acquire(ctx context.Context, db DB, req *Request) (*Row, error) 
 	).Scan(&row.Acquired, &row.Workflow, &row.Fingerprint, &row.RecoveryPoint, &row.JumpTarget,
 		&row.State, &row.LockToken, &row.LockExpiresIn, &row.DownstreamSalt,
 		&row.Attempts, &row.TookOver, &row.OverLimit,
-		&row.ResponseStatus, &row.ResponseHeader, &row.ResponseBody)
+		&row.ResponseStatus, &row.ResponseHeader, &row.ResponseBody, &row.Parked)
 	if err != nil {
 		return nil, err
 	}

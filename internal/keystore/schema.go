@@ -17,6 +17,8 @@ var schemaObjects = []struct{ kind, name string }{
 	{"function", "atomicphase_release(text, text, bigint, text, bigint, boolean, boolean)"},
 	{"function", "atomicphase_unpark(text, text)"},
 	{"function", "atomicphase_record_resolution(text, text, boolean, text, bigint)"},
+	{"function", "atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)"},
+	{"function", "atomicphase_resolve(text, text, boolean, text, bigint)"},
 }
 
 const checkSchemaSQL = `
