@@ -265,6 +265,7 @@ func (e *explorer) runRecorded(plan [][]Fault) (Row, []faultinject.Passed, *atom
 	var firstPassed []faultinject.Passed
 	var final *atomicphase.Response
 	var lastErr error
+	panicked := false
 	for attempt := 1; attempt <= e.sc.MaxAttempts && final == nil; attempt++ {
 		var rules []faultinject.Rule
 		if attempt <= len(plan) {
@@ -272,11 +273,23 @@ func (e *explorer) runRecorded(plan [][]Fault) (Row, []faultinject.Passed, *atom
 				rules = append(rules, faultinject.Rule{Workflow: f.Point.Workflow, Phase: f.Point.Phase, Place: f.Point.Place, Action: f.Action})
 			}
 		}
+		if panicked {
+			// A panic parks the key: it is a bug, which the retries cannot
+			// get past. The injected one is "fixed" at once; the operator
+			// unparks the key, as the runbook says, and the client's
+			// retries go on.
+			if err := unparkAll(ctx, runner); err != nil {
+				e.t.Fatal(err)
+			}
+			panicked = false
+		}
 		inj := faultinject.New(rules...)
 		inj.Admin = db.Pool
 		sw.set(inj)
 		row.Attempts = attempt
 		resp, err := attemptOnce(ctx, runner, trial)
+		var pe *panicError
+		panicked = errors.As(err, &pe)
 		if attempt == 1 {
 			firstPassed = inj.Passed()
 		}
@@ -346,10 +359,30 @@ func attemptOnce(ctx context.Context, runner *atomicphase.Runner, trial *Trial) 
 			if !ok {
 				panic(p)
 			}
-			resp, err = nil, fmt.Errorf("%s", ip)
+			resp, err = nil, &panicError{ip}
 		}
 	}()
 	return trial.Attempt(ctx, runner)
+}
+
+// panicError is an attempt that ended in an injected panic.
+type panicError struct{ p *faultinject.InjectedPanic }
+
+func (e *panicError) Error() string { return e.p.String() }
+
+// unparkAll unparks every parked key, as an operator does once the bug
+// that parked them is fixed.
+func unparkAll(ctx context.Context, runner *atomicphase.Runner) error {
+	keys, err := runner.ListKeys(ctx, &atomicphase.KeyFilter{Status: atomicphase.KeyParked})
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := runner.Unpark(ctx, k.Scope, k.Key); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func uniquePoints(passed []faultinject.Passed) []faultinject.Passed {
