@@ -2,12 +2,17 @@ package atomicphase_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/atomicphasetest"
 )
 
 // unreachablePool is a pool whose every connection attempt fails: nothing
@@ -37,4 +42,94 @@ func TestRunStoreUnavailableRunsNothing(t *testing.T) {
 	require.ErrorIs(t, err, atomicphase.ErrStoreUnavailable)
 	require.Zero(t, c.create.Load()+c.charge.Load()+c.finish.Load())
 	require.Zero(t, foreign)
+}
+
+// execModeDB is a test database whose pool sends statements in pgx's exec
+// mode, as behind a transaction-pooling PgBouncer.
+func execModeDB(t *testing.T, cfg *atomicphase.Config) *testBundle {
+	t.Helper()
+	return setupDB(t, &atomicphasetest.Options{
+		SetupID: testDBOpts.SetupID,
+		Setup:   testDBOpts.Setup,
+		PoolConfig: func(c *pgxpool.Config) {
+			c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		},
+	}, cfg)
+}
+
+// A value the driver cannot encode (a Go map for a jsonb parameter under
+// the exec mode) is the code's mistake, the same on every retry: the key is
+// parked at once with the cause and the fix, the client gets a final 500,
+// and its retries run nothing. Before, it was transient: 503 until
+// MaxAttempts parked the key.
+func TestDriverEncodeErrorParksWithItsFix(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var parkedWhy []string
+	b := execModeDB(t, &atomicphase.Config{MaxAttempts: 25, Observer: atomicphase.ObserverFunc(func(_ context.Context, e atomicphase.Event) {
+		if e.Kind == atomicphase.EventParked {
+			mu.Lock()
+			parkedWhy = append(parkedWhy, e.Err.Error())
+			mu.Unlock()
+		}
+	})})
+	runs := 0
+	type st struct{}
+	wf := atomicphase.MustWorkflow("audit", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("record", func(ctx context.Context, tx atomicphase.Tx, _ *st) (atomicphase.Outcome, error) {
+			runs++
+			_, err := tx.Exec(ctx, `INSERT INTO effects (scope, key, phase, note) VALUES ('u', 'k', 'record', $1::jsonb::text)`,
+				map[string]any{"ride": 1})
+			if err != nil {
+				return atomicphase.Outcome{}, fmt.Errorf("write audit record: %w", err)
+			}
+			return atomicphase.Respond(201, nil), nil
+		}),
+	}, nil)
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/a"}
+	_, err := b.runner.Run(b.ctx, wf, req)
+	require.ErrorIs(t, err, atomicphase.ErrPermanent)
+	require.False(t, atomicphase.Retryable(err))
+	isParked, why := parked(t, b, "u", "k")
+	require.True(t, isParked, "parked at its first attempt")
+	require.Contains(t, why, "json.RawMessage", "the key's last error says how to fix it")
+	mu.Lock()
+	require.Len(t, parkedWhy, 1)
+	require.Contains(t, parkedWhy[0], "fix:")
+	mu.Unlock()
+	for range 10 {
+		_, err := b.runner.Run(b.ctx, wf, req)
+		require.ErrorIs(t, err, atomicphase.ErrParked)
+	}
+	require.Equal(t, 1, runs)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM effects`))
+}
+
+// A transient failure that never clears is retried until the key's last
+// attempt parks it; from then on a client's retry gets the parked key's
+// answer and runs nothing. Before, every retry after parking ran the phase
+// again and answered 503.
+func TestParkedKeyIsNotRunAgainByRetries(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &atomicphase.Config{MaxAttempts: 3})
+	runs := 0
+	type st struct{}
+	wf := atomicphase.MustWorkflow("down", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("p", func(context.Context, atomicphase.Tx, *st) (atomicphase.Outcome, error) {
+			runs++
+			return atomicphase.Outcome{}, errors.New("dependency down")
+		}),
+	}, nil)
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/d"}
+	var last error
+	for range 30 {
+		_, last = b.runner.Run(b.ctx, wf, req)
+	}
+	require.Equal(t, 3, runs, "MaxAttempts runs, then none")
+	require.ErrorIs(t, last, atomicphase.ErrParked)
+	require.False(t, atomicphase.Retryable(last))
+	info, err := b.runner.Inspect(b.ctx, "u", "k")
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.KeyParked, info.Status)
+	require.Equal(t, 3, info.Attempts)
 }
