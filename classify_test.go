@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -132,4 +133,41 @@ func TestParkedKeyIsNotRunAgainByRetries(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, atomicphase.KeyParked, info.Status)
 	require.Equal(t, 3, info.Attempts)
+}
+
+// The timeouts a phase sets on its own transaction are transient: the
+// phase fails, nothing is parked, and a retry runs it again.
+func TestPhaseTimeoutsAreTransient(t *testing.T) {
+	t.Parallel()
+	for name, sql := range map[string]string{
+		"statement_timeout": `SET LOCAL statement_timeout = '20ms'; SELECT pg_sleep(5)`,
+		"lock_timeout":      `SET LOCAL lock_timeout = '20ms'; LOCK TABLE effects IN ACCESS EXCLUSIVE MODE`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, nil)
+			// Something else holds the table, for lock_timeout to expire on.
+			holder, err := b.db.Pool.Begin(b.ctx)
+			require.NoError(t, err)
+			defer func() { _ = holder.Rollback(b.ctx) }()
+			_, err = holder.Exec(b.ctx, `LOCK TABLE effects IN ACCESS SHARE MODE`)
+			require.NoError(t, err)
+			type st struct{}
+			wf := atomicphase.MustWorkflow("slow", startEmpty[st], []atomicphase.Phase[st]{
+				atomicphase.Local("p", func(ctx context.Context, tx atomicphase.Tx, _ *st) (atomicphase.Outcome, error) {
+					for _, stmt := range strings.Split(sql, "; ") {
+						if _, err := tx.Exec(ctx, stmt); err != nil {
+							return atomicphase.Outcome{}, err
+						}
+					}
+					return atomicphase.Respond(200, nil), nil
+				}),
+			}, nil)
+			_, err = b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/t"})
+			require.Error(t, err)
+			require.True(t, atomicphase.Retryable(err), "%v", err)
+			isParked, _ := parked(t, b, "u", "k")
+			require.False(t, isParked)
+		})
+	}
 }
