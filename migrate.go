@@ -254,11 +254,15 @@ func dollarTag(s string) string {
 }
 
 // CheckSchema reports whether the database has the key table and functions
-// this version of the library needs, in Config.Schema. Call it at start-up:
-// it returns nil when all is there, an error wrapping ErrSchemaMissing that
-// names what is missing and says to run Migrate when not, and a store error
-// when the database cannot be asked. It reads the catalog and writes
-// nothing.
+// this version of the library needs, in Config.Schema, and whether the
+// pool's query exec mode works on the way to it. Call it at start-up: it
+// returns nil when all is well, an error wrapping ErrSchemaMissing that
+// names what is missing and says to run Migrate, an error wrapping
+// ErrExecModeUnsafe that says which exec mode to use when a pooler
+// (PgBouncer in transaction pooling mode) stands in front of the server and
+// the pool's mode keeps prepared statements between transactions, and a
+// store error when the database cannot be asked. It reads the catalog and
+// writes nothing.
 func (r *Runner) CheckSchema(ctx context.Context) error {
 	missing, err := r.store.Missing(ctx, r.pool)
 	if err != nil {
@@ -268,7 +272,7 @@ func (r *Runner) CheckSchema(ctx context.Context) error {
 		return fmt.Errorf("%w: missing %s; run atomicphase.Migrate (or apply schema.sql)%s",
 			ErrSchemaMissing, strings.Join(missing, ", "), schemaHint(r.cfg.Schema))
 	}
-	return nil
+	return r.checkExecMode(ctx)
 }
 
 func schemaHint(schema string) string {
