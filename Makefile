@@ -38,9 +38,10 @@ EXEC_MODES := cache_describe describe_exec exec simple_protocol
 PLAIN := env -u ATOMICPHASE_TEST_CITUS_URL
 
 .PHONY: test
-test: postgres ## Run the whole test suite, then the core suite in every other pgx exec mode, then the Citus mode if set up
+test: postgres ## Run the whole test suite, then the core suite in every other pgx exec mode, Rocket Rides through PgBouncer, then the Citus mode if set up
 	$(PLAIN) $(GO) test -count=1 $(PKGS)
 	@$(MAKE) --no-print-directory test/execmodes
+	@$(MAKE) --no-print-directory test/rocketrides-pgbouncer
 	@$(MAKE) --no-print-directory test/citus
 
 # The Citus mode (docs/scale.md): the core suite, the fault-injection
@@ -64,6 +65,16 @@ test/execmodes: postgres ## Run the core suite once per non-default pgx query ex
 	@for mode in $(EXEC_MODES); do \
 	  echo "ATOMICPHASE_TEST_EXEC_MODE=$$mode $(GO) test -count=1 ."; \
 	  ATOMICPHASE_TEST_EXEC_MODE=$$mode $(PLAIN) $(GO) test -count=1 . || exit 1; \
+	done
+
+# The PgBouncer exec modes: those that work through transaction pooling.
+BOUNCER_MODES ?= exec
+
+.PHONY: test/rocketrides-pgbouncer
+test/rocketrides-pgbouncer: postgres ## Run Rocket Rides' end-to-end suite through a real PgBouncer (transaction pooling) in each of BOUNCER_MODES
+	@for mode in $(BOUNCER_MODES); do \
+	  echo "ROCKETRIDES_E2E_PGBOUNCER=1 ATOMICPHASE_TEST_EXEC_MODE=$$mode $(GO) test -count=1 ./examples/rocketrides/"; \
+	  ROCKETRIDES_E2E_PGBOUNCER=1 ATOMICPHASE_TEST_EXEC_MODE=$$mode $(PLAIN) $(GO) test -count=1 ./examples/rocketrides/ || exit 1; \
 	done
 
 # The oldest and newest supported PostgreSQL major versions; any of 14 to 18
