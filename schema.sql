@@ -674,17 +674,29 @@ $$;
 
 -- Errors end somewhere. A parked key is an answer, not a loop: a client's
 -- retry of it is refused (with the parked key's "failed, waits for an
--- operator") instead of running its phases again, and an operator's verdict
+-- operator") instead of running its phases again; parked keys are bounded
+-- (they count toward a scope's cap, and are reaped); and an operator's verdict
 -- on an unknown outcome gives the key a fresh budget of attempts, as unpark
 -- does, and is refused for a key that waits on no unknown outcome. Only
--- functions are added: the ones a running previous release calls are left
--- as they were.
+-- functions and indexes are added: the functions a running previous
+-- release calls are left as they were.
 
--- atomicphase_admit is atomicphase_acquire for a client's request, with one
--- more case decided first: an unfinished key that is parked (and unlocked),
--- recorded for the same workflow and request, is not taken; parked is true
--- and nothing is written. A parked key used with another request is left to
--- atomicphase_acquire, which reports the mismatch. Everything else is
+-- Parked keys are bounded: they count toward a scope's cap on unfinished
+-- keys (Config.MaxUnfinishedPerScope), so a client whose requests keep
+-- failing permanently runs into the cap instead of minting parked keys
+-- without limit, and the sweep reaps them after a retention of their own.
+CREATE INDEX idempotency_keys_parked_scope_idx ON idempotency_keys (scope)
+    WHERE response_status IS NULL AND parked_at IS NOT NULL;
+CREATE INDEX idempotency_keys_parked_at_idx ON idempotency_keys (parked_at)
+    WHERE response_status IS NULL AND parked_at IS NOT NULL;
+
+-- atomicphase_admit is atomicphase_acquire for a client's request, with two
+-- more rules applied first. An unfinished key that is parked (and
+-- unlocked), recorded for the same workflow and request, is not taken:
+-- parked is true and nothing is written (a parked key used with another
+-- request is left to atomicphase_acquire, which reports the mismatch). And
+-- a new key's scope counts its parked keys toward p_max_unfinished, besides
+-- the unfinished keys atomicphase_acquire counts. Everything else is
 -- atomicphase_acquire's, in the same statement and round trip.
 CREATE FUNCTION atomicphase_admit(
     p_scope text, p_key text, p_workflow text, p_fingerprint bytea,
@@ -697,20 +709,28 @@ CREATE FUNCTION atomicphase_admit(
     OUT response_status integer, OUT response_header jsonb, OUT response_body bytea,
     OUT parked boolean
 ) LANGUAGE plpgsql AS $$
+DECLARE
+    v_max integer := p_max_unfinished;
 BEGIN
-    SELECT k.workflow, k.fingerprint, k.recovery_point, k.next_phase, k.attempts
-    INTO workflow, fingerprint, recovery_point, next_phase, attempts
+    SELECT k.parked_at IS NOT NULL AND k.locked_at IS NULL AND k.response_status IS NULL
+               AND k.workflow = p_workflow AND k.fingerprint = p_fingerprint,
+           k.workflow, k.fingerprint, k.recovery_point, k.next_phase, k.attempts
+    INTO parked, workflow, fingerprint, recovery_point, next_phase, attempts
     FROM idempotency_keys k
-    WHERE k.scope = p_scope AND k.idempotency_key = p_key
-      AND k.parked_at IS NOT NULL AND k.locked_at IS NULL AND k.response_status IS NULL
-      AND k.workflow = p_workflow AND k.fingerprint = p_fingerprint;
-    IF FOUND THEN
+    WHERE k.scope = p_scope AND k.idempotency_key = p_key;
+    IF FOUND AND parked THEN
         acquired := false;
-        parked := true;
         took_over := false;
         over_limit := false;
         lock_token := 0;
         RETURN;
+    END IF;
+    IF NOT FOUND AND v_max IS NOT NULL THEN
+        v_max := greatest(0, v_max - (
+            SELECT count(*) FROM (
+                SELECT 1 FROM idempotency_keys u
+                WHERE u.scope = p_scope AND u.response_status IS NULL AND u.parked_at IS NOT NULL
+                LIMIT v_max) AS capped))::integer;
     END IF;
     SELECT a.acquired, a.workflow, a.fingerprint, a.recovery_point, a.next_phase, a.state,
            a.lock_token, a.lock_expires_in, a.downstream_salt, a.attempts, a.took_over,
@@ -720,7 +740,7 @@ BEGIN
          over_limit, response_status, response_header, response_body, parked
     FROM atomicphase_acquire(
         p_scope, p_key, p_workflow, p_fingerprint, p_method, p_path, p_state,
-        p_lock_timeout_us, p_lock_token, p_max_unfinished) AS a;
+        p_lock_timeout_us, p_lock_token, v_max) AS a;
 END
 $$;
 

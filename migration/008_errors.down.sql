@@ -2,3 +2,5 @@
 -- serve the previous release as they did.
 DROP FUNCTION /* TEMPLATE: schema */atomicphase_resolve(text, text, boolean, text, bigint);
 DROP FUNCTION /* TEMPLATE: schema */atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer);
+DROP INDEX /* TEMPLATE: schema */idempotency_keys_parked_at_idx;
+DROP INDEX /* TEMPLATE: schema */idempotency_keys_parked_scope_idx;
