@@ -37,6 +37,9 @@ const (
 	// EventParkedRefused: a retry of a parked key was answered with its
 	// failure (500) without running anything.
 	EventParkedRefused EventKind = "reserve.parked"
+	// EventParkedReaped: the sweep deleted a parked key after
+	// SweepConfig.ParkedRetention (Err is its last error).
+	EventParkedReaped EventKind = "key.parked_reaped"
 	// EventStoreError: a statement on the key store failed (Err says how).
 	EventStoreError EventKind = "store.error"
 	// EventPhaseCommitted: a phase committed (Duration: the whole phase,

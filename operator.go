@@ -28,6 +28,9 @@ type KeyFilter struct {
 	// Limit is the most keys returned, oldest first. Defaults to
 	// DefaultListLimit.
 	Limit int
+	// ErrorContains keeps keys whose last error contains this text (case
+	// sensitive). Defaults to any.
+	ErrorContains string
 }
 
 // DefaultListLimit is KeyFilter.Limit's default.
@@ -50,7 +53,7 @@ func (r *Runner) ListKeys(ctx context.Context, f *KeyFilter) ([]*KeyInfo, error)
 		limit = DefaultListLimit
 	}
 	rows, err := r.store.List(ctx, r.pool, &keystore.Filter{Status: string(f.Status), Workflow: f.Workflow, Scope: f.Scope,
-		OlderThan: f.OlderThan, Limit: limit})
+		OlderThan: f.OlderThan, Limit: limit, ErrorContains: f.ErrorContains})
 	if err != nil {
 		return nil, storeError("list keys", err)
 	}
