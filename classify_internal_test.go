@@ -17,7 +17,9 @@ import (
 // error, or an error of the phase's own.
 func TestClassificationTable(t *testing.T) {
 	t.Parallel()
-	pg := func(code string) error { return fmt.Errorf("phase: %w", &pgconn.PgError{Severity: "ERROR", Code: code}) }
+	pg := func(code string) error {
+		return fmt.Errorf("phase: %w", &pgconn.PgError{Severity: "ERROR", Code: code})
+	}
 	encode := errors.New("failed to encode args[0]: unable to encode map[string]interface {}{} into text format for unknown type (OID 0)")
 	for _, row := range []struct {
 		name      string
