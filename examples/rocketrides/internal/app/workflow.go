@@ -28,6 +28,9 @@ type Ride struct {
 	ChargeID   string `json:"charge_id,omitempty"`
 	Declined   string `json:"declined,omitempty"` // the payment API's decline message
 	PayoutID   string `json:"payout_id,omitempty"`
+	// PayoutRefused is the bank's refusal of the payout (a 4xx: nothing
+	// paid), which ends the request with a stored 424.
+	PayoutRefused string `json:"payout_refused,omitempty"`
 }
 
 // Amount and Currency of every ride.
