@@ -21,6 +21,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"strings"
 
 	"github.com/atomicphase/atomicphase"
 )
@@ -62,7 +63,9 @@ type Options struct {
 
 // Middleware returns middleware that runs wf for POST and PATCH requests
 // and passes GET, HEAD, OPTIONS, PUT, DELETE (and every other method) to the
-// next handler untouched. It panics if opts has no Scope function, which is
+// next handler untouched, except POST and PATCH in another case ("post",
+// "Patch"), which it refuses (400, ProblemMethodCase) rather than let a
+// router that ignores case run the handler unguarded. It panics if opts has no Scope function, which is
 // a programming error caught at start-up.
 func Middleware(runner *atomicphase.Runner, wf atomicphase.AnyWorkflow, opts *Options) func(http.Handler) http.Handler {
 	if runner == nil || wf == nil {
@@ -92,6 +95,13 @@ type handler struct {
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost && r.Method != http.MethodPatch {
+		if strings.EqualFold(r.Method, http.MethodPost) || strings.EqualFold(r.Method, http.MethodPatch) {
+			// Methods are case-sensitive, but routers that match them
+			// without regard to case would run the handler unguarded.
+			WriteProblem(w, Problem{Type: ProblemMethodCase, Title: "Method not in upper case", Status: http.StatusBadRequest,
+				Detail: fmt.Sprintf("the method %q is not %q: HTTP methods are case-sensitive; send it in upper case", r.Method, strings.ToUpper(r.Method))}, 0)
+			return
+		}
 		h.next.ServeHTTP(w, r)
 		return
 	}

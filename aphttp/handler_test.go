@@ -174,6 +174,20 @@ func TestOtherMethodsPassThroughUntouched(t *testing.T) {
 	require.Zero(t, b.runs.Load())
 }
 
+// POST and PATCH in another case are refused, not passed to the next
+// handler: a router matching methods without regard to case would run it
+// unguarded. Before, "post" with a key went straight through.
+func TestNonCanonicalUnsafeMethodsAreRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, m := range []string{"post", "Post", "pOST", "patch", "Patch"} {
+		r := b.do(t, m, `"k"`, `{"text":"x"}`)
+		requireProblem(t, r, http.StatusBadRequest, aphttp.ProblemMethodCase)
+		require.Contains(t, string(r.body), strings.ToUpper(m))
+	}
+	require.Zero(t, b.runs.Load())
+}
+
 func TestMissingKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
@@ -374,11 +388,16 @@ func TestQueryStringIsPartOfTheRequest(t *testing.T) {
 func TestPermanentFailureIs500WithoutRetryAfter(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
+	r := b.do(t, http.MethodPost, "k", `{"text":"permanent"}`)
+	requireProblem(t, r, http.StatusInternalServerError, aphttp.ProblemPermanentFailure)
+	require.Empty(t, r.header.Get("Retry-After"))
+	// The key is parked: a retry is told so, and runs nothing.
 	for range 2 {
 		r := b.do(t, http.MethodPost, "k", `{"text":"permanent"}`)
-		requireProblem(t, r, http.StatusInternalServerError, aphttp.ProblemPermanentFailure)
+		requireProblem(t, r, http.StatusInternalServerError, aphttp.ProblemParked)
 		require.Empty(t, r.header.Get("Retry-After"))
 	}
+	require.EqualValues(t, 1, b.runs.Load())
 }
 
 // An empty scope is the server's bug: a 500, never a shared key space, and

@@ -26,6 +26,7 @@ const (
 	ProblemInvalidRequest   = ProblemTypeBase + "invalid-request"   // 422
 	ProblemPermanentFailure = ProblemTypeBase + "permanent-failure" // 500
 	ProblemParked           = ProblemTypeBase + "parked"            // 500
+	ProblemMethodCase       = ProblemTypeBase + "method-case"       // 400
 	ProblemInvalidData      = atomicphase.ProblemInvalidData        // 422, stored: the request's data refused
 	ProblemInvalidScope     = ProblemTypeBase + "invalid-scope"     // 500
 	ProblemTransientFailure = ProblemTypeBase + "transient-failure" // 503
