@@ -40,6 +40,15 @@ func (b *bulkFlags) add(cmd *cobra.Command, statusHelp string) {
 	f.BoolVar(&b.dryRun, "dry-run", false, "with no SCOPE KEY: list the keys that would be acted on, and change nothing")
 }
 
+// keyOrFilterArgs allows SCOPE KEY, or no arguments (the bulk mode; bulk
+// checks the combination).
+func keyOrFilterArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 2 {
+		return usageErrorf("%s takes two arguments, SCOPE and KEY; got %d (or none, with filters, to act on every key they select)", cmd.Name(), len(args))
+	}
+	return nil
+}
+
 // bulk reports whether the command runs in the bulk mode, and checks its
 // arguments: SCOPE KEY without filters, or filters without arguments.
 func (b *bulkFlags) bulk(args []string) (bool, error) {

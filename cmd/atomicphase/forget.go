@@ -39,7 +39,7 @@ forget asks for confirmation on standard input unless --yes is given.`),
 			`atomicphase forget --workflow create_ride --error-contains "check constraint" --dry-run`,
 			`atomicphase forget --status parked --older-than 72h --yes`,
 		),
-		Args: cobra.MaximumNArgs(2),
+		Args: keyOrFilterArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			bulk, err := b.bulk(args)
 			switch {

@@ -67,7 +67,7 @@ at most --limit of them, oldest first, after asking (unless --yes);
 			`atomicphase unpark user_42 4f1c9a7e-checkout`,
 			`atomicphase unpark --workflow create_ride --error-contains "42P05" --dry-run`,
 		),
-		Args: cobra.MaximumNArgs(2),
+		Args: keyOrFilterArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			bulk, err := b.bulk(args)
 			switch {

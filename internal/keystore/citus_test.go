@@ -35,17 +35,18 @@ var functionCall = regexp.MustCompile(`atomicphase_(\w+)\(\s*([^,)]*)`)
 // shard of a distributed key table, on purpose: none is on a request's
 // path. Every other statement is keyed by scope.
 var fanOut = map[string]string{
-	"listKeysSQL":  "Runner.ListKeys, for operators: filters the whole table",
-	"abandonedSQL": "the sweep looks for abandoned keys in every scope",
-	"unknownSQL":   "the sweep counts abandoned keys of unknown workflows in every scope",
-	"reapSQL":      "the sweep deletes old finished keys of every scope",
-	"ageLocksSQL":  "tests age every held lock (atomicphasetest.AgeLocks)",
+	"listKeysSQL":   "Runner.ListKeys, for operators: filters the whole table",
+	"abandonedSQL":  "the sweep looks for abandoned keys in every scope",
+	"unknownSQL":    "the sweep counts abandoned keys of unknown workflows in every scope",
+	"reapSQL":       "the sweep deletes old finished keys of every scope",
+	"reapParkedSQL": "the sweep deletes parked keys past their retention in every scope",
+	"ageLocksSQL":   "tests age every held lock (atomicphasetest.AgeLocks)",
 }
 
 // timeInSubquery are modifications whose only time is read by a subquery
 // that runs as a SELECT of its own (on Citus, on the workers): the reap's
 // cut-off.
-var timeInSubquery = map[string]bool{"reapSQL": true}
+var timeInSubquery = map[string]bool{"reapSQL": true, "reapParkedSQL": true}
 
 // packageStatements returns the package's string constants that mention
 // the key table or its functions, by name, evaluated from the source.
@@ -115,7 +116,7 @@ func TestStatementsAreCitusCompatible(t *testing.T) {
 	stmts := packageStatements(t)
 	for _, name := range []string{"acquireSQL", "peekSQL", "recordSQL", "ownedBySQL", "takeSQL", "releaseSQL",
 		"checkpointSQL", "inspectSQL", "listKeysSQL", "unparkSQL", "forgetSQL", "recordResolutionSQL",
-		"takeVerdictSQL", "abandonedSQL", "unknownSQL", "reapSQL"} {
+		"takeVerdictSQL", "abandonedSQL", "unknownSQL", "reapSQL", "reapParkedSQL"} {
 		require.Contains(t, stmts, name, "the statements are found in the source")
 	}
 	distributed := map[string]bool{}

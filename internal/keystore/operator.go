@@ -37,8 +37,8 @@ func (s *Store) Forget(ctx context.Context, db DB, scope, key string) (bool, err
 	return tag.RowsAffected() == 1, err
 }
 
-// resolveSQL: see atomicphase_resolve in schema.sql.
-const resolveSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_resolve(
+// recordResolutionSQL: see atomicphase_resolve in schema.sql.
+const recordResolutionSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_resolve(
 	$1::text, $2::text, $3::boolean, $4::text, $5::bigint)`
 
 // Resolution is what RecordResolution did.

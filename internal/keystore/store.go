@@ -92,7 +92,7 @@ func New(schema string, lockTimeout time.Duration) *Store {
 		list:             r(listKeysSQL),
 		unpark:           r(unparkSQL),
 		forget:           r(forgetSQL),
-		recordResolution: r(resolveSQL),
+		recordResolution: r(recordResolutionSQL),
 		abandoned:        r(abandonedSQL),
 		unknownWorkflows: r(unknownSQL),
 		reap:             r(reapSQL),
