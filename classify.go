@@ -165,9 +165,10 @@ func classify(err, driverErr error, connLost bool, fkRetries, attempts int) errC
 // happened in.
 func (a *attempt) classifyUnit(ue *unitError) errClass {
 	fkRetries := 0
-	for i := range a.wf.phaseSteps() {
-		if st := &a.wf.phaseSteps()[i]; st.name == ue.phase {
-			fkRetries = st.fkRetries
+	steps := a.wf.phaseSteps()
+	for i := range steps {
+		if steps[i].name == ue.phase {
+			fkRetries = steps[i].fkRetries
 		}
 	}
 	return classify(ue.err, ue.driverErr, ue.connLost, fkRetries, a.attempts)

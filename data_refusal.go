@@ -61,12 +61,17 @@ func refusalResponse(err error) *Response {
 
 // answerRefusal stores the refusal of the request's data as the key's final
 // response and returns it, the unit it failed in rolled back. state is the
-// state the unit began with. When the answer cannot be stored, the
+// state the unit began with, kept with the response only when the workflow
+// keeps finished states, as for any response. When the answer cannot be stored, the
 // attempt fails as a transient one would: a retry meets the refusal again
 // and stores it then.
 func (a *attempt) answerRefusal(ctx context.Context, phase string, state []byte, refused *dataRefusedError) (*Response, error) {
 	resp := refusalResponse(refused.err)
-	sql, args, err := a.checkpointQuery(&checkpoint{point: RecoveryPointFinished, state: state, resp: resp})
+	cp := &checkpoint{point: RecoveryPointFinished, resp: resp}
+	if a.wf.keepsFinishedState() {
+		cp.state = state
+	}
+	sql, args, err := a.checkpointQuery(cp)
 	if err == nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
