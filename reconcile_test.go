@@ -424,3 +424,46 @@ func TestRecordResolutionRefusesAKeyWithoutUnknownOutcome(t *testing.T) {
 	require.Nil(t, info.ResolvedHappened, "nothing recorded")
 	require.Equal(t, atomicphase.KeyParked, info.Status, "left as it was")
 }
+
+// A call to a downstream without idempotency keys that answers a refusal
+// (nothing created) through Answer is no unknown outcome: the client gets
+// the workflow's answer, and the retry, after the lookup finds nothing,
+// calls again.
+func TestAnswerIsNoUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	bk := newBank()
+	refused := true
+	wf := atomicphase.MustWorkflow("payout", startEmpty[payout], []atomicphase.Phase[payout]{
+		atomicphase.Foreign("pay", func(ctx context.Context, call *atomicphase.ForeignCall, p *payout) error {
+			return call.Do(ctx, func(ctx context.Context, ref string) error {
+				if refused {
+					refused = false
+					return atomicphase.Answer(503, []byte("the bank is closed; nothing was paid"), errors.New("bank: 403 closed"))
+				}
+				id, err := bk.pay(ctx, ref)
+				p.PayoutID = id
+				return err
+			})
+		}, func(ctx context.Context, tx atomicphase.Tx, p *payout) (atomicphase.Outcome, error) {
+			return atomicphase.Respond(201, []byte(p.PayoutID)), nil
+		}).WithReconcile(func(ctx context.Context, call *atomicphase.ForeignCall, p *payout) (bool, error) {
+			ids, err := bk.lookup(call.Key())
+			if err != nil || len(ids) == 0 {
+				return false, err
+			}
+			p.PayoutID = ids[0]
+			return true, nil
+		}),
+	}, nil)
+	_, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+	require.NotErrorIs(t, err, atomicphase.ErrOutcomeUnknown)
+	var answer *atomicphase.AnswerError
+	require.ErrorAs(t, err, &answer)
+	require.Equal(t, 503, answer.Response.Status)
+	resp, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+	require.NoError(t, err)
+	require.Equal(t, 201, resp.Status)
+	_, ids := bk.only(t)
+	require.Len(t, ids, 1)
+}

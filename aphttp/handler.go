@@ -152,6 +152,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err)
 		return
 	}
+	h.writeResponse(w, resp)
+}
+
+// writeResponse writes a workflow's response: its status, headers (the
+// configured content type when it set none) and body.
+func (h *handler) writeResponse(w http.ResponseWriter, resp *atomicphase.Response) {
 	hdr := w.Header()
 	for k, vs := range resp.Header {
 		hdr[k] = append([]string(nil), vs...)
@@ -196,7 +202,11 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	var inProgress *atomicphase.InProgressError
 	var tooMany *atomicphase.TooManyKeysError
+	var answer *atomicphase.AnswerError
 	switch {
+	case errors.As(err, &answer):
+		// The workflow's own answer to a retryable failure (atomicphase.Answer).
+		h.writeResponse(w, &answer.Response)
 	case errors.As(err, &tooMany):
 		WriteProblem(w, Problem{Type: ProblemTooManyKeys, Title: "Too many requests in progress", Status: http.StatusTooManyRequests,
 			Detail: fmt.Sprintf("at most %d requests of yours may be unfinished at once; retry after the Retry-After delay", tooMany.Limit)},

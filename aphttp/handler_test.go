@@ -88,6 +88,10 @@ func (b *bundle) build(t *testing.T, pool *pgxpool.Pool, cfg *atomicphase.Config
 			if b.fail.Load() {
 				return atomicphase.Outcome{}, errors.New("downstream is down")
 			}
+			if n.Text == "answer" {
+				return atomicphase.Outcome{}, atomicphase.Answer(http.StatusConflict, []byte(`{"error":"the notebook is locked; nothing saved"}`),
+					errors.New("notebook locked"))
+			}
 			if n.Text == "permanent" {
 				return atomicphase.Outcome{}, atomicphase.Permanent(errors.New("the downstream refuses this note for good"))
 			}
@@ -385,6 +389,20 @@ func TestQueryStringIsPartOfTheRequest(t *testing.T) {
 
 // An error no retry can fix is a final 500 the client does not retry, not a
 // 503 that it would retry forever.
+// A phase's Answer is written as the workflow gave it, nothing stored: a
+// retry runs the phase again.
+func TestAnswerIsWrittenAndNotStored(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for i := range 2 {
+		r := b.do(t, http.MethodPost, "k", `{"text":"answer"}`)
+		require.Equal(t, http.StatusConflict, r.status)
+		require.JSONEq(t, `{"error":"the notebook is locked; nothing saved"}`, string(r.body))
+		require.Empty(t, r.header.Get("Idempotent-Replayed"))
+		require.EqualValues(t, i+1, b.runs.Load(), "each retry runs the phase")
+	}
+}
+
 func TestPermanentFailureIs500WithoutRetryAfter(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
