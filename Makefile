@@ -38,9 +38,10 @@ EXEC_MODES := cache_describe describe_exec exec simple_protocol
 PLAIN := env -u ATOMICPHASE_TEST_CITUS_URL
 
 .PHONY: test
-test: postgres ## Run the whole test suite, then the core suite in every other pgx exec mode, then the Citus mode if set up
+test: postgres ## Run the whole test suite, then the core suite in every other pgx exec mode, Rocket Rides through PgBouncer, then the Citus mode if set up
 	$(PLAIN) $(GO) test -count=1 $(PKGS)
 	@$(MAKE) --no-print-directory test/execmodes
+	@$(MAKE) --no-print-directory test/rocketrides-pgbouncer
 	@$(MAKE) --no-print-directory test/citus
 
 # The Citus mode (docs/scale.md): the core suite, the fault-injection
@@ -72,6 +73,16 @@ test/execmodes: postgres ## Run the core suite once per non-default pgx query ex
 .PHONY: test/previous
 test/previous: postgres ## Run the previous release's core suite on this version's schema
 	ATOMICPHASE_TEST_PREVIOUS_RELEASE=1 $(PLAIN) $(GO) test -count=1 -timeout 20m ./internal/upgradetest
+
+# The PgBouncer exec modes: those that work through transaction pooling.
+BOUNCER_MODES ?= exec
+
+.PHONY: test/rocketrides-pgbouncer
+test/rocketrides-pgbouncer: postgres ## Run Rocket Rides' end-to-end suite through a real PgBouncer (transaction pooling) in each of BOUNCER_MODES
+	@for mode in $(BOUNCER_MODES); do \
+	  echo "ROCKETRIDES_E2E_PGBOUNCER=1 ATOMICPHASE_TEST_EXEC_MODE=$$mode $(GO) test -count=1 ./examples/rocketrides/"; \
+	  ROCKETRIDES_E2E_PGBOUNCER=1 ATOMICPHASE_TEST_EXEC_MODE=$$mode $(PLAIN) $(GO) test -count=1 ./examples/rocketrides/ || exit 1; \
+	done
 
 # The oldest and newest supported PostgreSQL major versions; any of 14 to 18
 # can be named: make test/versions PG_VERSIONS="15 16 17".
@@ -123,7 +134,9 @@ fuzz: ## Fuzz the fingerprint for a minute
 schema: ## Regenerate schema.sql from the migrations
 	@{ printf '%s\n' '-- The complete current atomicphase schema, for projects that apply schema' \
 	  '-- with their own migration tool. Migrate applies the same SQL from the' \
-	  '-- numbered files in migration/; a test keeps the two identical.' ''; \
+	  '-- numbered files in migration/; a test keeps the two identical. Apply it' \
+	  '-- statement by statement (psql -f schema.sql does), not in one' \
+	  '-- transaction: its concurrent index builds cannot run inside one.' ''; \
 	  first=1; for f in migration/*.up.sql; do [ $$first = 1 ] || echo; first=0; sed 's|/\* TEMPLATE: schema \*/||g' $$f; done; } > schema.sql
 
 .PHONY: postgres

@@ -82,10 +82,11 @@ type Config struct {
 	MaxAttemptBackoff time.Duration
 
 	// MaxUnfinishedPerScope, when positive, refuses a new key (ErrTooManyKeys,
-	// 429 over HTTP) while its scope already has that many unfinished keys:
-	// a defence against a caller spraying keys by the thousand. It costs a
-	// count on the scope's unfinished keys for each new key, so it is
-	// checked only when set. Defaults to 0 (no limit).
+	// 429 over HTTP) while its scope already has that many unfinished keys,
+	// parked ones included: a defence against a caller spraying keys by the
+	// thousand, or minting parked keys with requests that fail for good. It
+	// costs a count on the scope's unfinished keys for each new key, so it
+	// is checked only when set. Defaults to 0 (no limit).
 	MaxUnfinishedPerScope int
 
 	// Observer is told of every decision the Runner and its Sweeper make,

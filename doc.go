@@ -70,7 +70,7 @@
 //     (fingerprint.go), and chooses its way in once: runNew records a new
 //     key with its first unit, runExisting acquires any other key in one
 //     statement (lock.go); refusal.go explains a key not taken (a replay, a
-//     mismatch, a key in progress);
+//     mismatch, a parked key, a key in progress);
 //   - attempt.go: an attempt holds the key and runs from its recovery point
 //     (recovery_point.go), and fails a run, releasing the key (lock.go);
 //   - fusion.go: the attempt's loop, unit by unit: a foreign phase's call
@@ -78,12 +78,15 @@
 //     out), the local phases on one transaction (phase_tx.go, with its
 //     savepoints in savepoint.go), routed by
 //     their outcome (outcome.go), committed with the recovery point
-//     (recovery_point.go).
+//     (recovery_point.go); a failed unit is classified (classify.go), and a
+//     refusal of the request's data ends it with a stored 422
+//     (data_refusal.go).
 //
 // Beside the path: resume.go (Resume), inspect.go (Inspect), operator.go
-// (ListKeys, Unpark, Forget, RecordResolution), sweep.go (the Sweeper and
-// Reap), classify.go (what a store or phase error means), errors.go,
-// config.go, observer.go, fault.go, migrate.go and citus.go. The "code,
+// (ListKeys, Unpark, Forget, RecordResolution), parked.go (ForgetKeys,
+// UnparkKeys, ReapParked), sweep.go (the Sweeper and Reap), errors.go,
+// config.go, observer.go, fault.go, migrate.go, exec_mode_check.go and
+// citus.go. The "code,
 // file by file" section of docs/concepts.md walks it in more detail.
 //
 // # Testing

@@ -104,6 +104,23 @@ var (
 	ErrPhaseTxEscaped = errors.New("atomicphase: the phase's transaction was ended through Tx.Conn")
 )
 
+// ErrParked is Run's answer to a retry of a key parked by a permanent
+// failure: an earlier attempt failed in a way no retry can fix, and the key
+// waits for an operator (Unpark, Resume, RecordResolution, Forget). Nothing
+// ran. (A key parked because it ran out of attempts is resumed by a
+// client's retry: parking stops the sweep, not the client.)
+// It is a permanent failure too (errors.Is(err, ErrPermanent)): Retryable
+// reports false, and a client that retries gets the same answer until an
+// operator acts.
+var ErrParked error = parkedError{}
+
+type parkedError struct{}
+
+func (parkedError) Error() string {
+	return "atomicphase: the request failed permanently and is parked for an operator; retrying it changes nothing"
+}
+func (parkedError) Is(target error) bool { return target == ErrPermanent }
+
 // ErrOutcomeUnknown means a foreign call to a downstream without
 // idempotency keys (a phase with WithReconcile) may or may not have taken
 // effect, and reconciliation has not told yet: the call failed after it may
@@ -220,3 +237,41 @@ func Retryable(err error) bool {
 		!errors.Is(err, ErrPermanent) &&
 		!errors.Is(err, ErrFingerprintMismatch)
 }
+
+// Answer fails a phase as a transient error does, and gives the client
+// status and body as the attempt's answer: for a foreign phase whose
+// downstream refused definitively and confirmed it created nothing, when the
+// workflow wants the client to be able to try again. The phase's
+// transaction rolls back, nothing is stored, the key is released for a
+// retry as after any transient failure (not parked by the refusal itself;
+// Config.MaxAttempts still bounds the attempts), and Run returns a
+// *PhaseError wrapping an *AnswerError, which Retryable reports retryable;
+// the HTTP adapter writes the answer instead of its generic 503. To end the
+// request with a refusal for good, stored and replayed, respond with it
+// instead (Respond from the record step). err says why, for the key's last
+// error and the log; status must be 400-599.
+func Answer(status int, body []byte, err error) error {
+	if err == nil {
+		err = fmt.Errorf("answered %d", status)
+	}
+	if status < 400 || status > 599 {
+		return Permanent(fmt.Errorf("atomicphase: Answer(%d): the status of a failure answer must be 400-599: %w", status, err))
+	}
+	return &AnswerError{Response: Response{Status: status, Body: body}, Err: err}
+}
+
+// AnswerError is a transient failure that carries the answer the client
+// gets for it (see Answer).
+type AnswerError struct {
+	// Response is the answer: its status, body and any headers. It is not
+	// stored.
+	Response Response
+	// Err is why the phase failed.
+	Err error
+}
+
+// Error is Err's text.
+func (e *AnswerError) Error() string { return e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *AnswerError) Unwrap() error { return e.Err }

@@ -1,5 +1,13 @@
 package atomicphase
 
+import "context"
+
 // ApplyMigration lets the external tests apply a migration of their own
 // making, as Migrate applies the package's.
-var ApplyMigration = applyMigration
+func ApplyMigration(ctx context.Context, db Beginner, schema string, m Migration) (bool, error) {
+	applied, err := applyAll(ctx, db, schema, []Migration{m})
+	return len(applied) == 1, err
+}
+
+// SplitStatements splits SQL into statements as Migrate does.
+var SplitStatements = splitStatements

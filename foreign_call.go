@@ -171,9 +171,11 @@ func (a *attempt) callPhase(ctx context.Context, st *step, state []byte) ([]byte
 	if fc.wasViolated() {
 		err = Permanent(ErrSecondForeignCall) // even if the phase swallowed it
 	}
-	if err != nil && st.reconcile != nil && !errors.Is(err, ErrPermanent) {
+	var answered *AnswerError
+	if err != nil && st.reconcile != nil && !errors.Is(err, ErrPermanent) && !errors.As(err, &answered) {
 		// The call may have gone out: nothing may repeat it now before
-		// reconciliation tells.
+		// reconciliation tells. (An Answer says the downstream answered,
+		// and created nothing.)
 		err = outcomeUnknown(err)
 		a.r.observe(ctx, Event{Kind: EventUnknown, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name, Err: err})
 	}

@@ -356,3 +356,43 @@ func TestTransportGuardCountsAResentRedirectedRequest(t *testing.T) {
 	require.EqualValues(t, 1, posts.Load())
 	require.EqualValues(t, 1, gets.Load())
 }
+
+// A foreign phase whose downstream refused and created nothing may end the
+// attempt with its own failure answer, retryably: nothing stored, the key
+// neither finished nor parked, and the retry calls again.
+func TestAnswerFailsRetryablyWithTheWorkflowsAnswer(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var calls atomic.Int32
+	type st struct{ ID string }
+	wf := atomicphase.MustWorkflow("hold", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Foreign("reserve", func(ctx context.Context, call *atomicphase.ForeignCall, s *st) error {
+			return call.Do(ctx, func(context.Context, string) error {
+				if calls.Add(1) == 1 {
+					return atomicphase.Answer(409, []byte(`{"error":"seat held by another rider; nothing reserved"}`),
+						errors.New("downstream: 409 seat held"))
+				}
+				s.ID = "r_1"
+				return nil
+			})
+		}, func(context.Context, atomicphase.Tx, *st) (atomicphase.Outcome, error) {
+			return atomicphase.Respond(201, []byte("reserved")), nil
+		}),
+	}, nil)
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/hold"}
+	_, err := b.runner.Run(b.ctx, wf, req)
+	var answer *atomicphase.AnswerError
+	require.ErrorAs(t, err, &answer)
+	require.Equal(t, 409, answer.Response.Status)
+	require.JSONEq(t, `{"error":"seat held by another rider; nothing reserved"}`, string(answer.Response.Body))
+	require.True(t, atomicphase.Retryable(err))
+	info, err := b.runner.Inspect(b.ctx, "u", "k")
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.KeyAbandoned, info.Status, "not finished, not parked")
+	resp, err := b.runner.Run(b.ctx, wf, req)
+	require.NoError(t, err)
+	require.Equal(t, 201, resp.Status)
+	require.EqualValues(t, 2, calls.Load())
+
+	require.ErrorIs(t, atomicphase.Answer(200, nil, nil), atomicphase.ErrPermanent, "a failure answer is 400-599")
+}

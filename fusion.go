@@ -76,6 +76,9 @@ type unitError struct {
 	// may have (its commit's answer was lost): nothing of it may then be
 	// committed again.
 	mayHaveCommitted bool
+	// driverErr and connLost tell where err came from (see classify).
+	driverErr error
+	connLost  bool
 }
 
 // loop runs the workflow from phase idx with state, unit by unit, until a
@@ -98,7 +101,7 @@ func (a *attempt) loop(ctx context.Context, idx int, state []byte) (*Response, e
 		}
 		res, uerr := a.runUnit(ctx, idx, state, pr)
 		if uerr != nil {
-			return nil, a.failUnit(ctx, idx, state, uerr)
+			return a.failUnit(ctx, idx, state, uerr)
 		}
 		if res.resp != nil {
 			return res.resp, nil
@@ -115,19 +118,20 @@ func (a *attempt) loop(ctx context.Context, idx int, state []byte) (*Response, e
 // call's result, which must not be asked for again). When the key turns
 // out to be another attempt's, the failed run was never this attempt's to
 // make: keystore.ErrNotRecorded sends the request through acquisition again, which
-// explains the key as it is.
-func (a *attempt) failUnit(ctx context.Context, first int, state []byte, ue *unitError) error {
+// explains the key as it is. A failure that refused the request's own data
+// ends the request with its final answer instead (answerRefusal).
+func (a *attempt) failUnit(ctx context.Context, first int, state []byte, ue *unitError) (*Response, error) {
 	if errors.Is(ue.err, keystore.ErrNotRecorded) || errors.Is(ue.err, ErrCrashed) {
-		return ue.err
+		return nil, ue.err
 	}
 	switch ours, err := a.recordAlone(ctx); {
 	case err != nil:
 		a.log(ctx, slog.LevelWarn, "atomicphase: recording a failed attempt's key failed", "error", err)
 		// Its answer may be what was lost: unlock by the token, best effort.
 		_ = a.r.unlock(ctx, a.scope, a.key, a.token)
-		return ue.err
+		return nil, ue.err
 	case !ours:
-		return keystore.ErrNotRecorded
+		return nil, keystore.ErrNotRecorded
 	}
 	steps := a.wf.phaseSteps()
 	if st := &steps[first]; st.call != nil && ue.phase != st.name && !ue.mayHaveCommitted && !errors.Is(ue.err, ErrLockLost) {
@@ -140,7 +144,11 @@ func (a *attempt) failUnit(ctx context.Context, first int, state []byte, ue *uni
 			a.log(ctx, slog.LevelWarn, "atomicphase: recording a call's result on its own failed", "phase", st.name, "error", err.err)
 		}
 	}
-	return a.fail(ctx, ue.phase, ue.err)
+	var refused *dataRefusedError
+	if errors.As(ue.err, &refused) {
+		return a.answerRefusal(ctx, ue.phase, state, refused)
+	}
+	return nil, a.fail(ctx, ue.phase, ue.err)
 }
 
 // recordAlone records the key on its own when the transaction that was to
@@ -187,12 +195,18 @@ func (a *attempt) runUnit(ctx context.Context, idx int, state []byte, first phas
 		if ue == nil || errors.Is(ue.err, keystore.ErrNotRecorded) {
 			return res, ue
 		}
-		if isDataError(ue.err) {
+		switch a.classifyUnit(ue) {
+		case classRequest:
 			// The same input meets the same refusal on every retry.
-			ue.err = Permanent(ue.err)
+			ue.err = &dataRefusedError{err: ue.err}
+			return res, ue
+		case classPermanent:
+			ue.err = Permanent(diagnose(ue.err, ue.driverErr))
+			return res, ue
+		case classTransient:
 			return res, ue
 		}
-		if !isConflict(ue.err) || try >= a.r.cfg.PhaseRetries {
+		if try >= a.r.cfg.PhaseRetries {
 			return res, ue
 		}
 		a.log(ctx, slog.LevelInfo, "atomicphase: retrying phase", "phase", ue.phase, "try", try+1, "error", ue.err)
@@ -254,7 +268,7 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 		}
 		a.failed(pr, err)
 		endRolledBack(ran, pr.name)
-		return res, &unitError{phase: phase, err: err}
+		return res, &unitError{phase: phase, err: err, driverErr: tx.driverErr, connLost: pc.Conn().IsClosed()}
 	}
 
 	for cur := idx; ; {

@@ -22,7 +22,7 @@ import (
 // transaction).
 type commitCounter struct{ n atomic.Int64 }
 
-var writes = regexp.MustCompile(`(?i)^\s*(INSERT|UPDATE|DELETE)\b|atomicphase_(acquire|checkpoint)\(`)
+var writes = regexp.MustCompile(`(?i)^\s*(INSERT|UPDATE|DELETE)\b|atomicphase_(acquire|admit|checkpoint)\(`)
 
 func (c *commitCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	if d.SQL == "COMMIT" || (conn.PgConn().TxStatus() == 'I' && writes.MatchString(d.SQL)) {
@@ -214,7 +214,15 @@ func TestFailureAfterACallKeepsTheCallsResult(t *testing.T) {
 // even when it surfaces while a later phase of the same transaction sends.
 func TestQueuedStatementFailureIsChargedToItsPhase(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil)
+	var mu sync.Mutex
+	var refusedIn []string
+	b := setup(t, &atomicphase.Config{Observer: atomicphase.ObserverFunc(func(_ context.Context, e atomicphase.Event) {
+		if e.Kind == atomicphase.EventDataRefused {
+			mu.Lock()
+			refusedIn = append(refusedIn, e.Phase)
+			mu.Unlock()
+		}
+	})})
 	type st struct{}
 	wf := atomicphase.MustWorkflow("queued", startEmpty[st], []atomicphase.Phase[st]{
 		atomicphase.Local("bad", func(ctx context.Context, tx atomicphase.Tx, _ *st) (atomicphase.Outcome, error) {
@@ -229,11 +237,12 @@ func TestQueuedStatementFailureIsChargedToItsPhase(t *testing.T) {
 			return atomicphase.Respond(200, nil), nil
 		}),
 	}, nil)
-	_, err := b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/q"})
-	var pe *atomicphase.PhaseError
-	require.ErrorAs(t, err, &pe)
-	require.Equal(t, "bad", pe.Phase)
-	require.ErrorIs(t, err, atomicphase.ErrPermanent, "a NOT NULL violation fails the same way every time")
+	resp, err := b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/q"})
+	require.NoError(t, err)
+	require.Equal(t, 422, resp.Status, "a NOT NULL violation fails the same way every time: the request's final answer")
+	mu.Lock()
+	require.Equal(t, []string{"bad"}, refusedIn)
+	mu.Unlock()
 	require.Zero(t, b.count(t, `SELECT count(*) FROM effects`))
 }
 

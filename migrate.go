@@ -3,6 +3,7 @@ package atomicphase
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -106,13 +107,14 @@ const migrateLockID = 0x61746f6d69637068
 
 // Migrate applies every migration the database does not have yet, each in
 // its own transaction, recording them in atomicphase_migration. It is
-// idempotent and safe to call from several processes at once: a
-// transaction-scoped advisory lock makes them take turns, and each re-reads
-// what is applied after taking it. It returns the versions it applied. opts
-// may be nil for the defaults; with opts.Citus it then distributes the key
-// table and its functions on a Citus coordinator. A migration that builds
-// indexes concurrently runs outside a transaction (see migrate_online.go),
-// and needs db to be a *pgxpool.Pool or a *pgx.Conn.
+// idempotent and safe to call from several processes at once: an advisory
+// lock makes them take turns, and each re-reads what is applied after
+// taking it. It returns the versions it applied. opts may be nil for the
+// defaults; with opts.Citus it then distributes the key table and its
+// functions on a Citus coordinator. A migration that builds indexes
+// concurrently runs outside a transaction (see migrate_online.go), and
+// needs db to be a *pgxpool.Pool or a *pgx.Conn (given a pgx.Tx, Migrate
+// applies the migrations before it in that transaction and stops there).
 func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error) {
 	migrations, err := Migrations(opts)
 	if err != nil {
@@ -123,15 +125,9 @@ func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error)
 			return nil, err
 		}
 	}
-	var applied []int
-	for _, m := range migrations {
-		done, err := applyMigration(ctx, db, opts.schema(), m)
-		if err != nil {
-			return applied, fmt.Errorf("atomicphase: migration %03d_%s: %w", m.Version, m.Name, err)
-		}
-		if done {
-			applied = append(applied, m.Version)
-		}
+	applied, err := applyAll(ctx, db, opts.schema(), migrations)
+	if err != nil {
+		return applied, err
 	}
 	if opts != nil && opts.Citus {
 		if err := keystore.DistributeOnCitus(ctx, db, opts.schema()); err != nil {
@@ -141,20 +137,61 @@ func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error)
 	return applied, nil
 }
 
+// applyAll applies the migrations the ledger in schema lacks, in order,
+// and returns the versions it applied. On a pool or a connection it holds
+// the migration lock for its session, taken without waiting inside a
+// statement (see lockSession); on a transaction it takes the lock for each
+// migration's transaction (a savepoint of the caller's).
+func applyAll(ctx context.Context, db Beginner, schema string, migrations []Migration) ([]int, error) {
+	var applied []int
+	conn, release, err := sessionConn(ctx, db)
+	switch {
+	case err == nil:
+		defer release()
+		unlock, err := lockSession(ctx, conn)
+		if err != nil {
+			return nil, fmt.Errorf("atomicphase: take the migration lock: %w", err)
+		}
+		defer unlock()
+		db = conn
+	case !errors.Is(err, errNoSession):
+		return nil, err
+	}
+	for _, m := range migrations {
+		done, err := applyMigration(ctx, db, schema, m, conn != nil)
+		if err != nil {
+			return applied, fmt.Errorf("atomicphase: migration %03d_%s: %w", m.Version, m.Name, err)
+		}
+		if done {
+			applied = append(applied, m.Version)
+		}
+	}
+	return applied, nil
+}
+
 // applyMigration applies m in a transaction of its own unless the ledger in
-// schema says it is applied, and reports whether it applied it. A
-// migration marked to run outside a transaction goes to applyOnline.
-func applyMigration(ctx context.Context, db Beginner, schema string, m Migration) (bool, error) {
+// schema says it is applied, and reports whether it applied it; locked says
+// the caller holds the migration lock for the session, else it is taken
+// for the transaction. A migration marked to run outside a transaction
+// goes to applyOnline, which needs the session.
+func applyMigration(ctx context.Context, db Beginner, schema string, m Migration, locked bool) (bool, error) {
 	if online(m) {
-		return applyOnline(ctx, db, schema, m)
+		conn, ok := db.(*pgx.Conn)
+		if !ok || !locked {
+			return false, fmt.Errorf("it builds indexes concurrently, which PostgreSQL cannot do inside a transaction: "+
+				"pass Migrate a *pgxpool.Pool or a *pgx.Conn, not a %T", db)
+		}
+		return applyOnline(ctx, conn, schema, m)
 	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return false, err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLockID)); err != nil {
-		return false, err
+	if !locked {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLockID)); err != nil {
+			return false, err
+		}
 	}
 	if done, err := inLedger(ctx, tx, schema, m); done || err != nil {
 		return false, err
@@ -283,11 +320,15 @@ func dollarTag(s string) string {
 }
 
 // CheckSchema reports whether the database has the key table and functions
-// this version of the library needs, in Config.Schema. Call it at start-up:
-// it returns nil when all is there, an error wrapping ErrSchemaMissing that
-// names what is missing and says to run Migrate when not, and a store error
-// when the database cannot be asked. It reads the catalog and writes
-// nothing.
+// this version of the library needs, in Config.Schema, and whether the
+// pool's query exec mode works on the way to it. Call it at start-up: it
+// returns nil when all is well, an error wrapping ErrSchemaMissing that
+// names what is missing and says to run Migrate, an error wrapping
+// ErrExecModeUnsafe that says which exec mode to use when a pooler
+// (PgBouncer in transaction pooling mode) stands in front of the server and
+// the pool's mode keeps prepared statements between transactions, and a
+// store error when the database cannot be asked. It reads the catalog and
+// writes nothing.
 func (r *Runner) CheckSchema(ctx context.Context) error {
 	missing, err := r.store.Missing(ctx, r.pool)
 	if err != nil {
@@ -297,7 +338,7 @@ func (r *Runner) CheckSchema(ctx context.Context) error {
 		return fmt.Errorf("%w: missing %s; run atomicphase.Migrate (or apply schema.sql)%s",
 			ErrSchemaMissing, strings.Join(missing, ", "), schemaHint(r.cfg.Schema))
 	}
-	return nil
+	return r.checkExecMode(ctx)
 }
 
 func schemaHint(schema string) string {

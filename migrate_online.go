@@ -2,9 +2,10 @@ package atomicphase
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -14,8 +15,11 @@ import (
 // INDEX CONCURRENTLY, which takes no lock that stops writes, and which
 // PostgreSQL refuses inside a transaction. A migration whose up SQL begins
 // with the line noTransaction is therefore applied outside one, a
-// statement at a time, on one connection holding Migrate's advisory lock
-// for the session. Its statements must be safe to run again (IF NOT
+// statement at a time, on the connection that holds Migrate's advisory lock
+// for its session. A concurrent index build waits for every transaction
+// with an older snapshot, so nobody may wait for that lock inside a
+// statement: Migrate takes it with pg_try_advisory_lock, in a loop
+// (lockSession). Its statements must be safe to run again (IF NOT
 // EXISTS): a process killed halfway leaves the ledger without the
 // migration, and the next Migrate runs it from the top. An index build that
 // was interrupted leaves an invalid index behind, which IF NOT EXISTS would
@@ -33,18 +37,10 @@ func online(m Migration) bool {
 // the index.
 var concurrentIndex = regexp.MustCompile(`(?is)^\s*(?:--[^\n]*\n\s*)*CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+("[^"]+"|\w+)\s+ON\s+((?:"[^"]+"|\w+)\.)?`)
 
-// applyOnline applies m outside a transaction (see online) unless the
-// ledger in schema says it is applied, and reports whether it applied it.
-func applyOnline(ctx context.Context, db Beginner, schema string, m Migration) (bool, error) {
-	conn, release, err := sessionConn(ctx, db)
-	if err != nil {
-		return false, err
-	}
-	defer release()
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", int64(migrateLockID)); err != nil {
-		return false, err
-	}
-	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", int64(migrateLockID)) //nolint:errcheck // the session's end releases it too
+// applyOnline applies m outside a transaction (see online) on conn, which
+// holds the migration lock, unless the ledger in schema says it is applied,
+// and reports whether it applied it.
+func applyOnline(ctx context.Context, conn *pgx.Conn, schema string, m Migration) (bool, error) {
 	if done, err := inLedger(ctx, conn, schema, m); done || err != nil {
 		return false, err
 	}
@@ -57,6 +53,31 @@ func applyOnline(ctx context.Context, db Beginner, schema string, m Migration) (
 		}
 	}
 	return true, record(ctx, conn, schema, m)
+}
+
+// lockSession takes the migration lock for conn's session, trying again
+// after a growing pause while another process holds it: a statement waiting
+// for the lock would hold a snapshot, and a concurrent index build of the
+// holder would wait for it in turn. The returned function releases it.
+func lockSession(ctx context.Context, conn *pgx.Conn) (func(), error) {
+	for pause := 10 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		var ok bool
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", int64(migrateLockID)).Scan(&ok); err != nil {
+			return nil, err
+		}
+		if ok {
+			return func() {
+				_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", int64(migrateLockID))
+			}, nil
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
 }
 
 // dropInvalidIndex drops the index stmt builds concurrently if an earlier,
@@ -81,8 +102,11 @@ func dropInvalidIndex(ctx context.Context, conn *pgx.Conn, schema, stmt string) 
 	return err
 }
 
+// errNoSession is sessionConn's answer for a handle that is a transaction.
+var errNoSession = errors.New("atomicphase: no session outside a transaction")
+
 // sessionConn returns a connection outside any transaction from db, and
-// the function that gives it back.
+// the function that gives it back; errNoSession when db is a transaction.
 func sessionConn(ctx context.Context, db Beginner) (*pgx.Conn, func(), error) {
 	switch d := db.(type) {
 	case *pgxpool.Pool:
@@ -96,6 +120,5 @@ func sessionConn(ctx context.Context, db Beginner) (*pgx.Conn, func(), error) {
 	case *pgxpool.Conn:
 		return d.Conn(), func() {}, nil
 	}
-	return nil, nil, fmt.Errorf("this migration builds indexes concurrently, which PostgreSQL cannot do inside a transaction: "+
-		"pass Migrate a *pgxpool.Pool or a *pgx.Conn, not a %T", db)
+	return nil, nil, errNoSession
 }

@@ -83,10 +83,10 @@ func TestMigrationsGoDownAndUpAgain(t *testing.T) {
 
 // allObjects is what the migrations create, as schemaObjects lists it.
 var allObjects = []string{
-	"function atomicphase_acquire", "function atomicphase_checkpoint",
+	"function atomicphase_acquire", "function atomicphase_admit", "function atomicphase_checkpoint",
 	"function atomicphase_lock_takeable", "function atomicphase_record",
 	"function atomicphase_record_resolution", "function atomicphase_release",
-	"function atomicphase_stale_before", "function atomicphase_take",
+	"function atomicphase_resolve", "function atomicphase_stale_before", "function atomicphase_take",
 	"function atomicphase_unpark", "table idempotency_keys",
 }
 
@@ -237,8 +237,12 @@ func TestSchemaFileAppliesOnItsOwn(t *testing.T) {
 	db := atomicphasetest.NewDB(t, &atomicphasetest.Options{SkipMigrations: true})
 	schema, err := os.ReadFile("schema.sql")
 	require.NoError(t, err)
-	_, err = db.Pool.Exec(t.Context(), string(schema))
-	require.NoError(t, err)
+	// Statement by statement, as psql -f runs it: the concurrent index
+	// builds cannot run in one transaction.
+	for _, stmt := range atomicphase.SplitStatements(string(schema)) {
+		_, err = db.Pool.Exec(t.Context(), stmt)
+		require.NoError(t, err, stmt)
+	}
 	runner, err := atomicphase.NewRunner(db.Pool, nil)
 	require.NoError(t, err)
 	wf := atomicphase.MustWorkflow("one", startEmpty[struct{}], []atomicphase.Phase[struct{}]{

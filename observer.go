@@ -30,6 +30,16 @@ const (
 	// EventOverLimit: a new key was refused because its scope has
 	// Config.MaxUnfinishedPerScope unfinished keys (429).
 	EventOverLimit EventKind = "reserve.over_limit"
+	// EventDataRefused: the database refused the request's own data (a
+	// constraint it breaks, a value out of range) in Phase; the key was
+	// finished with a 422 (Err says what was refused).
+	EventDataRefused EventKind = "key.data_refused"
+	// EventParkedRefused: a retry of a parked key was answered with its
+	// failure (500) without running anything.
+	EventParkedRefused EventKind = "reserve.parked"
+	// EventParkedReaped: the sweep deleted a parked key after
+	// SweepConfig.ParkedRetention (Err is its last error).
+	EventParkedReaped EventKind = "key.parked_reaped"
 	// EventStoreError: a statement on the key store failed (Err says how).
 	EventStoreError EventKind = "store.error"
 	// EventPhaseCommitted: a phase committed (Duration: the whole phase,
@@ -71,7 +81,8 @@ const (
 // EventKinds returns every EventKind, in the order the docs list them.
 func EventKinds() []EventKind {
 	return []EventKind{EventCreated, EventReplay, EventInProgress, EventKeyMisuse, EventFailedRetry, EventTakeover,
-		EventOverLimit, EventUnknown, EventStoreError, EventPhaseCommitted, EventPhaseFailed, EventLockLost, EventParked,
+		EventOverLimit, EventUnknown, EventParkedRefused, EventStoreError, EventPhaseCommitted, EventPhaseFailed, EventLockLost,
+		EventParked, EventDataRefused, EventParkedReaped,
 		EventReconcileScheduled, EventReconcileHappened, EventReconcileNotHappened, EventReconcileFailed,
 		EventZombieKey, EventTTLPruned, EventUnknownWorkflow}
 }

@@ -29,6 +29,9 @@ type KeyFilter struct {
 	// Limit is the most keys returned, oldest first. Defaults to
 	// DefaultListLimit.
 	Limit int
+	// ErrorContains keeps keys whose last error contains this text (case
+	// sensitive). Defaults to any.
+	ErrorContains string
 }
 
 // DefaultListLimit is KeyFilter.Limit's default.
@@ -49,7 +52,7 @@ func (r *Runner) ListKeys(ctx context.Context, f *KeyFilter) ([]*KeyInfo, error)
 		limit = DefaultListLimit
 	}
 	rows, err := r.store.List(ctx, r.pool, &keystore.Filter{Status: string(f.Status), Workflow: f.Workflow, Scope: f.Scope,
-		OlderThan: f.OlderThan, Limit: limit})
+		OlderThan: f.OlderThan, Limit: limit, ErrorContains: f.ErrorContains})
 	if err != nil {
 		return nil, storeError("list keys", err)
 	}
@@ -118,15 +121,25 @@ func (r *Runner) Forget(ctx context.Context, scope, key string) error {
 // asked first for the result, and only its "cannot tell" is overruled).
 // The verdict, the note and when stay in the row (KeyInfo.Resolution).
 //
+// Like Unpark it gives the key a fresh budget of Config.MaxAttempts
+// attempts: a key parked because its reconciliation failed that many times
+// would otherwise be parked again before the verdict is read.
+//
 // It returns ErrKeyNotFound for a key never recorded, ErrKeyFinished for a
-// finished key, and ErrInProgress while an attempt holds the key.
+// finished key, ErrInProgress while an attempt holds the key, and
+// ErrNoUnknownOutcome, recording nothing, for a key that waits on no
+// unknown outcome (its phase has no reconcile function, or its call is
+// known not to have been made): there is no verdict to give, and Unpark is
+// what retries it.
 func (r *Runner) RecordResolution(ctx context.Context, scope, key string, happened bool, note string) error {
-	ok, err := r.store.RecordResolution(ctx, r.pool, scope, key, happened, note)
-	if err != nil {
+	res, err := r.store.RecordResolution(ctx, r.pool, scope, key, happened, note)
+	switch {
+	case err != nil:
 		return storeError("record resolution", err)
-	}
-	if ok {
+	case res == keystore.Resolved:
 		return nil
+	case res == keystore.NoUnknownOutcome:
+		return ErrNoUnknownOutcome
 	}
 	info, ierr := r.Inspect(ctx, scope, key)
 	switch {
@@ -138,3 +151,10 @@ func (r *Runner) RecordResolution(ctx context.Context, scope, key string, happen
 		return inProgress(info.LockExpiresIn)
 	}
 }
+
+// ErrNoUnknownOutcome is returned by RecordResolution for a key that waits
+// on no foreign call of unknown outcome: the phase it stands before has no
+// reconcile function (its calls carry a downstream key, and are simply
+// made again), or its call is known not to have been made. No verdict is
+// recorded; Unpark retries the key, Forget drops it.
+var ErrNoUnknownOutcome = errors.New("atomicphase: the key waits on no unknown outcome; unpark it to retry it")

@@ -213,3 +213,38 @@ func TestPhaseTxGuardThroughPgBouncer(t *testing.T) {
 		})
 	}
 }
+
+// pgx's default exec mode behind a transaction-pooling PgBouncer parks keys
+// with 42P05 as if the requests were at fault: CheckSchema tells at
+// start-up, and says which mode to use; the modes that work pass.
+func TestCheckSchemaTellsAnExecModeThatFailsBehindPgBouncer(t *testing.T) {
+	t.Parallel()
+	atomicphasetest.SkipWithoutPgBouncer(t)
+	modes := map[string]pgx.QueryExecMode{
+		"cache_statement": pgx.QueryExecModeCacheStatement,
+		"describe_exec":   pgx.QueryExecModeDescribeExec,
+	}
+	for name, mode := range bouncerModes {
+		modes[name] = mode
+	}
+	for name, mode := range modes {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setupDB(t, &atomicphasetest.Options{
+				SetupID:   testDBOpts.SetupID,
+				Setup:     testDBOpts.Setup,
+				PgBouncer: true,
+				PoolConfig: func(cfg *pgxpool.Config) {
+					cfg.ConnConfig.DefaultQueryExecMode = mode
+				},
+			}, nil)
+			err := b.runner.CheckSchema(b.ctx)
+			if _, works := bouncerModes[name]; works {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, atomicphase.ErrExecModeUnsafe)
+			require.ErrorContains(t, err, "QueryExecModeExec")
+		})
+	}
+}

@@ -65,6 +65,7 @@ type Phase[S any] struct {
 	jumps       []string
 	formerNames []string
 	reconcile   ReconcileFunc[S]
+	fkRetries   int
 }
 
 // Local declares a phase that only touches the database.
@@ -85,6 +86,20 @@ func Foreign[S any](name string, call CallFunc[S], record LocalFunc[S]) Phase[S]
 // Serialization failures and deadlocks are retried by the Runner.
 func (p Phase[S]) WithIsolation(level pgx.TxIsoLevel) Phase[S] {
 	p.isolation = level
+	return p
+}
+
+// WithForeignKeyRetries returns a copy of p for which a foreign-key
+// violation is a race worth retrying, for the key's first n attempts: the
+// row the phase refers to may be committed by another request a moment
+// later (an order and its customer created in parallel, say). By default a
+// foreign-key violation, like every other violation of a constraint by the
+// request's data, is the request's final answer (422, stored and replayed:
+// a product that does not exist stays so on every retry); with n set, it
+// is a transient failure (503) until the key's nth attempt, and the final
+// 422 after. n must not be negative.
+func (p Phase[S]) WithForeignKeyRetries(n int) Phase[S] {
+	p.fkRetries = n
 	return p
 }
 

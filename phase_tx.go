@@ -32,6 +32,10 @@ type phaseTx struct {
 	// statement sent once the transaction was ended through Conn: it
 	// fails the phase whatever its function returns.
 	refused error
+	// driverErr is the first error Exec, Query or a QueryRow's Scan
+	// returned to the phase, so that a failure the phase passes on can be
+	// told to be the database's or the driver's (see classify).
+	driverErr error
 	// phase is the phase whose function runs now; queued statements are
 	// charged to it.
 	phase string
@@ -140,8 +144,12 @@ func (t *phaseTx) escaped() error {
 	}
 	// A broken connection (a terminated backend, a lost network) ended
 	// the transaction too, but nothing of it committed: that failure is the
-	// statement's own, and transient.
-	if t.tx != nil && !t.conn.IsClosed() && t.conn.PgConn().TxStatus() == 'I' {
+	// statement's own, and transient. Only a phase that was handed Conn can
+	// end the transaction (the Tx refuses transaction control), and only
+	// once the guard was declared has the transaction surely begun on the
+	// server: a send that failed before BEGIN ran (an argument pgx could
+	// not encode, say) leaves the connection idle too.
+	if t.guarded && !t.conn.IsClosed() && t.conn.PgConn().TxStatus() == 'I' {
 		t.refused = Permanent(fmt.Errorf("%w: its writes rolled back; send nothing through Tx.Conn that commits or rolls back (pgx.BeginFunc on it does), and return an error from the phase to roll it back", ErrPhaseTxEscaped))
 	}
 	return t.refused
@@ -234,10 +242,24 @@ func (t *phaseTx) flush(ctx context.Context) error {
 	return br.Close()
 }
 
+// met notes err as one the transaction returned to the phase, and returns
+// it. pgx.ErrNoRows is the phase's to judge, not a failure.
+func (t *phaseTx) met(err error) error {
+	if err != nil && t.driverErr == nil && !errors.Is(err, pgx.ErrNoRows) {
+		t.driverErr = err
+	}
+	return err
+}
+
 func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if err := t.check(sql); err != nil {
 		return pgconn.CommandTag{}, err
 	}
+	tag, err := t.exec(ctx, sql, args...)
+	return tag, t.met(err)
+}
+
+func (t *phaseTx) exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if t.tx != nil && !t.pending() {
 		return t.tx.Exec(ctx, sql, args...)
 	}
@@ -256,6 +278,11 @@ func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 	if err := t.check(sql); err != nil {
 		return nil, err
 	}
+	rows, err := t.query(ctx, sql, args...)
+	return rows, t.met(err)
+}
+
+func (t *phaseTx) query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if t.tx != nil && !t.pending() {
 		return t.tx.Query(ctx, sql, args...)
 	}
@@ -272,7 +299,7 @@ func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 
 func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	rows, err := t.Query(ctx, sql, args...)
-	return &row{rows: rows, err: err}
+	return &row{rows: rows, err: err, tx: t}
 }
 
 // SendBatch sends b after whatever waits to be sent: in one round trip
@@ -404,9 +431,14 @@ func (r *batchRows) Err() error {
 type row struct {
 	rows pgx.Rows
 	err  error
+	tx   *phaseTx
 }
 
 func (r *row) Scan(dest ...any) error {
+	return r.tx.met(r.scan(dest...))
+}
+
+func (r *row) scan(dest ...any) error {
 	if r.err != nil {
 		return r.err
 	}

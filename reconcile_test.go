@@ -362,3 +362,108 @@ func TestRecordResolutionByHand(t *testing.T) {
 		})
 	}
 }
+
+// The runbook's own case: a key parked because reconciliation failed
+// MaxAttempts times. The operator's verdict gives it a fresh budget of
+// attempts, as Unpark does, so the sweep reads the verdict instead of
+// parking the key again at once ("3 attempts never finished").
+func TestRecordResolutionResetsTheAttempts(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &atomicphase.Config{AttemptBackoff: time.Millisecond, MaxAttempts: 3})
+	bk := newBank()
+	bk.fail = []string{"act-then-5xx"}
+	wf := payoutWorkflow(bk)
+	_, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+	require.ErrorIs(t, err, atomicphase.ErrOutcomeUnknown)
+	bk.lookupDown.Store(1000)
+	s := newSweeper(t, b, nil)
+	for range 4 {
+		time.Sleep(5 * time.Millisecond)
+		_, err := s.RunOnce(b.ctx)
+		require.NoError(t, err)
+	}
+	info, err := b.runner.Inspect(b.ctx, "driver_1", "k")
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.KeyParked, info.Status)
+
+	require.NoError(t, b.runner.RecordResolution(b.ctx, "driver_1", "k", true, "payout po_1 seen in the bank's portal (ops)"))
+	info, err = b.runner.Inspect(b.ctx, "driver_1", "k")
+	require.NoError(t, err)
+	require.Equal(t, 1, info.Attempts, "a fresh budget, as Unpark gives")
+	bk.lookupDown.Store(1000) // the reconcile function still cannot tell: the verdict decides
+	res, err := s.RunOnce(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Completed, "the sweep applied the verdict: %+v", res)
+	info, err = b.runner.Inspect(b.ctx, "driver_1", "k")
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.KeyFinished, info.Status)
+	require.EqualValues(t, 1, bk.calls.Load(), "happened: the call is not made again")
+}
+
+// A verdict on a key whose phase has no reconcile function would change
+// nothing (its call is simply made again, under its downstream key): it is
+// refused, recording nothing, with what to do instead.
+func TestRecordResolutionRefusesAKeyWithoutUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &atomicphase.Config{MaxAttempts: 1})
+	var c counters
+	wf := orderWorkflow(t, &c, hooks{charge: func(context.Context, *atomicphase.ForeignCall, *orderState) error {
+		return errors.New("payment API unreachable")
+	}})
+	_, err := b.runner.Run(b.ctx, wf, orderRequest("u", "k"))
+	require.Error(t, err)
+	info, err := b.runner.Inspect(b.ctx, "u", "k")
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.KeyParked, info.Status)
+
+	err = b.runner.RecordResolution(b.ctx, "u", "k", true, "ops")
+	require.ErrorIs(t, err, atomicphase.ErrNoUnknownOutcome)
+	require.Contains(t, err.Error(), "unpark")
+	info, err = b.runner.Inspect(b.ctx, "u", "k")
+	require.NoError(t, err)
+	require.Nil(t, info.ResolvedHappened, "nothing recorded")
+	require.Equal(t, atomicphase.KeyParked, info.Status, "left as it was")
+}
+
+// A call to a downstream without idempotency keys that answers a refusal
+// (nothing created) through Answer is no unknown outcome: the client gets
+// the workflow's answer, and the retry, after the lookup finds nothing,
+// calls again.
+func TestAnswerIsNoUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	bk := newBank()
+	refused := true
+	wf := atomicphase.MustWorkflow("payout", startEmpty[payout], []atomicphase.Phase[payout]{
+		atomicphase.Foreign("pay", func(ctx context.Context, call *atomicphase.ForeignCall, p *payout) error {
+			return call.Do(ctx, func(ctx context.Context, ref string) error {
+				if refused {
+					refused = false
+					return atomicphase.Answer(503, []byte("the bank is closed; nothing was paid"), errors.New("bank: 403 closed"))
+				}
+				id, err := bk.pay(ctx, ref)
+				p.PayoutID = id
+				return err
+			})
+		}, func(ctx context.Context, tx atomicphase.Tx, p *payout) (atomicphase.Outcome, error) {
+			return atomicphase.Respond(201, []byte(p.PayoutID)), nil
+		}).WithReconcile(func(ctx context.Context, call *atomicphase.ForeignCall, p *payout) (bool, error) {
+			ids, err := bk.lookup(call.Key())
+			if err != nil || len(ids) == 0 {
+				return false, err
+			}
+			p.PayoutID = ids[0]
+			return true, nil
+		}),
+	}, nil)
+	_, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+	require.NotErrorIs(t, err, atomicphase.ErrOutcomeUnknown)
+	var answer *atomicphase.AnswerError
+	require.ErrorAs(t, err, &answer)
+	require.Equal(t, 503, answer.Response.Status)
+	resp, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+	require.NoError(t, err)
+	require.Equal(t, 201, resp.Status)
+	_, ids := bk.only(t)
+	require.Len(t, ids, 1)
+}

@@ -17,7 +17,8 @@ func (r *Runner) storeFailed(ctx context.Context, wf AnyWorkflow, req *Request, 
 
 // refused explains, and reports, an acquisition that did not take the
 // key: a key first used with another request, a finished key (replayed), a
-// new key over its scope's limit, or a key another attempt holds.
+// parked key (its failure, ErrParked), a new key over its scope's limit, or
+// a key another attempt holds.
 func (r *Runner) refused(ctx context.Context, row *keystore.Row, mismatch bool, wf AnyWorkflow, req *Request) (*Response, error) {
 	e := Event{Workflow: wf.Name(), Scope: req.Scope, Key: req.Key}
 	var resp *Response
@@ -34,6 +35,8 @@ func (r *Runner) refused(ctx context.Context, row *keystore.Row, mismatch bool, 
 			e.Kind, resp = EventStoreError, nil
 			err = storeError("decode the stored response's header", err)
 		}
+	case row.Parked:
+		e.Kind, err = EventParkedRefused, ErrParked
 	case row.OverLimit:
 		e.Kind, err = EventOverLimit, &TooManyKeysError{Limit: r.cfg.MaxUnfinishedPerScope, RetryAfter: time.Second}
 	default:

@@ -153,6 +153,7 @@ func (r *Runner) runExisting(ctx context.Context, wf AnyWorkflow, req *Request, 
 	}
 	kr := r.keyRequest(wf, req, fp, state, newLockToken())
 	kr.MaxUnfinished = r.maxUnfinished()
+	kr.MaxAttempts = int32(min(r.cfg.MaxAttempts, math.MaxInt32))
 	row, err := r.acquire(ctx, kr)
 	if err != nil {
 		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)

@@ -109,3 +109,35 @@ func BenchmarkRunNewKey(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAcquireNewKeyCapped records a new key through the acquisition
+// statement (atomicphase_admit), under a cap on unfinished keys per scope,
+// which counts parked keys too, with ten parked keys in the scope: one
+// round trip per key, the workflow a one-phase respond.
+func BenchmarkAcquireNewKeyCapped(b *testing.B) {
+	db := atomicphasetest.NewDB(b, testDBOpts)
+	runner, err := atomicphase.NewRunner(db.Pool, &atomicphase.Config{MaxUnfinishedPerScope: 1000})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	type st = struct{}
+	parks := atomicphase.MustWorkflow("parks", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("p", func(context.Context, atomicphase.Tx, *st) (atomicphase.Outcome, error) {
+			return atomicphase.Outcome{}, atomicphase.Permanent(errors.New("parked for the benchmark"))
+		}),
+	}, nil)
+	for i := range 10 {
+		_, _ = runner.Run(ctx, parks, atomicphase.Request{Scope: "u", Key: fmt.Sprint("parked-", i), Method: "POST", Path: "/p"})
+	}
+	wf := atomicphase.MustWorkflow("respond", startEmpty[st], []atomicphase.Phase[st]{atomicphase.Local("r", respondOK)}, nil)
+	var seq atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		key := fmt.Sprintf("key-%d", seq.Add(1))
+		if _, err := runner.Run(ctx, wf, atomicphase.Request{Scope: "u", Key: key, Method: "POST", Path: "/r"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

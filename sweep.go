@@ -28,6 +28,8 @@ const (
 	DefaultMaxReapBatches = 100
 	DefaultSweepWorkers   = 4
 	DefaultMaxPerScope    = 5
+	// DefaultParkedRetention is SweepConfig.ParkedRetention's default.
+	DefaultParkedRetention = 7 * 24 * time.Hour
 )
 
 // SweepConfig configures a Sweeper. A nil *SweepConfig means all defaults.
@@ -67,6 +69,15 @@ type SweepConfig struct {
 	// MaxReapBatches bounds the reaping statements of one sweep; a backlog
 	// is worked off over several sweeps. Defaults to 100.
 	MaxReapBatches int
+
+	// ParkedRetention is how long a parked key waits for an operator
+	// before the sweep deletes it (counted from when it was parked; an
+	// unpark starts the count again). A parked key holds a place in its
+	// scope's Config.MaxUnfinishedPerScope and answers its client's retries
+	// with its failure; deleted, the same client key is a new request.
+	// Each deletion is logged and reported (EventParkedReaped). A negative
+	// value keeps parked keys until an operator acts. Defaults to 7 days.
+	ParkedRetention time.Duration
 }
 
 // SweepResult counts what one sweep did.
@@ -89,6 +100,8 @@ type SweepResult struct {
 	UnknownWorkflow int
 	// Reaped counts the finished keys deleted.
 	Reaped int
+	// ReapedParked counts the parked keys deleted after ParkedRetention.
+	ReapedParked int
 }
 
 // Sweeper completes abandoned keys and reaps old ones for a Runner; see
@@ -137,6 +150,9 @@ func NewSweeper(r *Runner, config *SweepConfig) (*Sweeper, error) {
 	if cfg.Retention == 0 {
 		cfg.Retention = DefaultKeyRetention
 	}
+	if cfg.ParkedRetention == 0 {
+		cfg.ParkedRetention = DefaultParkedRetention
+	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("atomicphase: invalid sweep config: %w", errors.Join(errs...))
 	}
@@ -166,7 +182,8 @@ func (s *Sweeper) Run(ctx context.Context) error {
 // RunOnce sweeps once: it resumes up to BatchSize abandoned keys (unfinished,
 // not parked, unlocked or stale, past their backoff), each through Resume and
 // so through the normal acquisition path, fencing and all; then it deletes
-// finished keys older than Retention, in batches. It is what Run does on
+// finished keys older than Retention, in batches, and one batch of parked
+// keys older than ParkedRetention. It is what Run does on
 // every tick, and what a test or a cron job calls. The error is the first
 // statement of the sweep itself that failed; failures of the resumed keys
 // are counted, not returned.
@@ -177,6 +194,13 @@ func (s *Sweeper) RunOnce(ctx context.Context) (SweepResult, error) {
 	}
 	if s.cfg.Retention > 0 {
 		if err := s.reap(ctx, &res); err != nil {
+			return res, err
+		}
+	}
+	if s.cfg.ParkedRetention > 0 {
+		n, err := s.r.ReapParked(ctx, s.cfg.ParkedRetention, s.cfg.ReapBatchSize)
+		res.ReapedParked = n
+		if err != nil {
 			return res, err
 		}
 	}

@@ -356,10 +356,12 @@ func TestSweepResumesKeysOfAnyLength(t *testing.T) {
 	require.Equal(t, atomicphase.KeyFinished, info.Status, "starved behind keys the sweep can never resume")
 }
 
-// R16: parked keys count against MaxUnfinishedPerScope: a scope whose
-// parked keys reach the cap gets 429 "retry after 1s" on every new key
-// until an operator acts.
-func TestParkedKeysDoNotHoldTheScopeCap(t *testing.T) {
+// Parked keys count toward MaxUnfinishedPerScope: a client whose requests
+// keep failing permanently runs into the cap (429) instead of minting
+// parked keys without limit; once an operator forgets them, new keys are
+// taken again. Before, 20 such requests under a cap of 2 left 20 parked
+// keys.
+func TestParkedKeysCountTowardTheScopeCap(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &atomicphase.Config{MaxUnfinishedPerScope: 2})
 	wf := atomicphase.MustWorkflow("w", revStart, []atomicphase.Phase[revSt]{
@@ -367,12 +369,21 @@ func TestParkedKeysDoNotHoldTheScopeCap(t *testing.T) {
 			return atomicphase.Outcome{}, atomicphase.Permanent(errors.New("bad account"))
 		}),
 	}, nil)
-	_, _ = b.runner.Run(b.ctx, wf, revReq("a"))
-	_, _ = b.runner.Run(b.ctx, wf, revReq("b"))
-	time.Sleep(1100 * time.Millisecond)
-	_, err := b.runner.Run(b.ctx, wf, revReq("c"))
-	t.Logf("new key after two parked ones: %v", err)
+	tooMany := 0
+	for i := range 20 {
+		_, err := b.runner.Run(b.ctx, wf, revReq(fmt.Sprint("k", i)))
+		if errors.Is(err, atomicphase.ErrTooManyKeys) {
+			tooMany++
+		}
+	}
+	require.Equal(t, 18, tooMany)
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM idempotency_keys WHERE parked_at IS NOT NULL`))
+	for _, k := range []string{"k0", "k1"} {
+		require.NoError(t, b.runner.Forget(b.ctx, "u", k))
+	}
+	_, err := b.runner.Run(b.ctx, wf, revReq("after"))
 	require.NotErrorIs(t, err, atomicphase.ErrTooManyKeys)
+	require.ErrorIs(t, err, atomicphase.ErrPermanent)
 }
 
 // R17: during a rolling deploy that adds a phase, an old process's sweep

@@ -92,6 +92,10 @@ type step struct {
 	formerNames []string
 	// alone: the phase commits on its own (WorkflowOpts.CommitEachPhase).
 	alone bool
+	// fkRetries is how many of the key's attempts take a foreign-key
+	// violation in the phase for a transient race
+	// (Phase.WithForeignKeyRetries).
+	fkRetries int
 }
 
 // NewWorkflow validates phases and builds a Workflow whose requests carry an
@@ -149,6 +153,9 @@ func NewWorkflow[In, S any](name string, start StartFunc[In, S], phases []Phase[
 		if p.local == nil && p.call == nil {
 			errs = append(errs, fmt.Errorf("phase %q has no function", p.name))
 		}
+		if p.fkRetries < 0 {
+			errs = append(errs, fmt.Errorf("phase %q: WithForeignKeyRetries(%d): the number of attempts must not be negative", p.name, p.fkRetries))
+		}
 		if p.reconcile != nil && p.call == nil {
 			errs = append(errs, fmt.Errorf("phase %q has a reconcile function but makes no foreign call; WithReconcile is for foreign phases", p.name))
 		}
@@ -158,6 +165,7 @@ func NewWorkflow[In, S any](name string, start StartFunc[In, S], phases []Phase[
 		}
 		st := makeStep(p, iso)
 		st.alone = opts.CommitEachPhase
+		st.fkRetries = p.fkRetries
 		wf.steps = append(wf.steps, st)
 	}
 	for i, p := range phases {

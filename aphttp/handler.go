@@ -21,6 +21,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"strings"
 
 	"github.com/atomicphase/atomicphase"
 )
@@ -62,7 +63,9 @@ type Options struct {
 
 // Middleware returns middleware that runs wf for POST and PATCH requests
 // and passes GET, HEAD, OPTIONS, PUT, DELETE (and every other method) to the
-// next handler untouched. It panics if opts has no Scope function, which is
+// next handler untouched, except POST and PATCH in another case ("post",
+// "Patch"), which it refuses (400, ProblemMethodCase) rather than let a
+// router that ignores case run the handler unguarded. It panics if opts has no Scope function, which is
 // a programming error caught at start-up.
 func Middleware(runner *atomicphase.Runner, wf atomicphase.AnyWorkflow, opts *Options) func(http.Handler) http.Handler {
 	if runner == nil || wf == nil {
@@ -92,6 +95,13 @@ type handler struct {
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost && r.Method != http.MethodPatch {
+		if strings.EqualFold(r.Method, http.MethodPost) || strings.EqualFold(r.Method, http.MethodPatch) {
+			// Methods are case-sensitive, but routers that match them
+			// without regard to case would run the handler unguarded.
+			WriteProblem(w, Problem{Type: ProblemMethodCase, Title: "Method not in upper case", Status: http.StatusBadRequest,
+				Detail: fmt.Sprintf("the method %q is not %q: HTTP methods are case-sensitive; send it in upper case", r.Method, strings.ToUpper(r.Method))}, 0)
+			return
+		}
 		h.next.ServeHTTP(w, r)
 		return
 	}
@@ -142,6 +152,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err)
 		return
 	}
+	h.writeResponse(w, resp)
+}
+
+// writeResponse writes a workflow's response: its status, headers (the
+// configured content type when it set none) and body.
+func (h *handler) writeResponse(w http.ResponseWriter, resp *atomicphase.Response) {
 	hdr := w.Header()
 	for k, vs := range resp.Header {
 		hdr[k] = append([]string(nil), vs...)
@@ -166,10 +182,13 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 		case errors.Is(err, atomicphase.ErrFingerprintMismatch):
 			WriteProblem(w, Problem{Type: ProblemKeyReused, Title: "Idempotency-Key reused with a different request", Status: http.StatusUnprocessableEntity,
 				Detail: "this key was first used with another method, path or body; use a new key for a new request"}, 0)
+		case errors.Is(err, atomicphase.ErrParked):
+			WriteProblem(w, Problem{Type: ProblemParked, Title: "Request failed permanently", Status: http.StatusInternalServerError,
+				Detail: "an earlier attempt of this request met an error that retrying cannot fix; it is parked for an operator, and retrying it changes nothing until the operator acts"}, 0)
 		case errors.Is(err, atomicphase.ErrPermanent):
 			h.report(r, err)
 			WriteProblem(w, Problem{Type: ProblemPermanentFailure, Title: "Request failed permanently", Status: http.StatusInternalServerError,
-				Detail: "this request met an error that retrying cannot fix; it is parked for an operator, and a retry with the same Idempotency-Key after the fix resumes it"}, 0)
+				Detail: "this request met an error that retrying cannot fix; it is parked for an operator, and retrying it changes nothing until the operator acts"}, 0)
 		case errors.Is(err, atomicphase.ErrInvalidScope):
 			h.report(r, err)
 			WriteProblem(w, Problem{Type: ProblemInvalidScope, Title: "Server error", Status: http.StatusInternalServerError,
@@ -185,7 +204,11 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	var inProgress *atomicphase.InProgressError
 	var tooMany *atomicphase.TooManyKeysError
+	var answer *atomicphase.AnswerError
 	switch {
+	case errors.As(err, &answer):
+		// The workflow's own answer to a retryable failure (atomicphase.Answer).
+		h.writeResponse(w, &answer.Response)
 	case errors.As(err, &tooMany):
 		WriteProblem(w, Problem{Type: ProblemTooManyKeys, Title: "Too many requests in progress", Status: http.StatusTooManyRequests,
 			Detail: fmt.Sprintf("at most %d requests of yours may be unfinished at once; retry after the Retry-After delay", tooMany.Limit)},

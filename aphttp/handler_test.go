@@ -88,6 +88,10 @@ func (b *bundle) build(t *testing.T, pool *pgxpool.Pool, cfg *atomicphase.Config
 			if b.fail.Load() {
 				return atomicphase.Outcome{}, errors.New("downstream is down")
 			}
+			if n.Text == "answer" {
+				return atomicphase.Outcome{}, atomicphase.Answer(http.StatusConflict, []byte(`{"error":"the notebook is locked; nothing saved"}`),
+					errors.New("notebook locked"))
+			}
 			if n.Text == "permanent" {
 				return atomicphase.Outcome{}, atomicphase.Permanent(errors.New("the downstream refuses this note for good"))
 			}
@@ -170,6 +174,20 @@ func TestOtherMethodsPassThroughUntouched(t *testing.T) {
 		require.Equal(t, 299, r.status, m)
 		r = b.do(t, m, `"with-key"`, `{"text":"x"}`)
 		require.Equal(t, 299, r.status, "%s with a key still passes through", m)
+	}
+	require.Zero(t, b.runs.Load())
+}
+
+// POST and PATCH in another case are refused, not passed to the next
+// handler: a router matching methods without regard to case would run it
+// unguarded. Before, "post" with a key went straight through.
+func TestNonCanonicalUnsafeMethodsAreRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, m := range []string{"post", "Post", "pOST", "patch", "Patch"} {
+		r := b.do(t, m, `"k"`, `{"text":"x"}`)
+		requireProblem(t, r, http.StatusBadRequest, aphttp.ProblemMethodCase)
+		require.Contains(t, string(r.body), strings.ToUpper(m))
 	}
 	require.Zero(t, b.runs.Load())
 }
@@ -382,14 +400,33 @@ func TestQueryStringIsPartOfTheRequest(t *testing.T) {
 
 // An error no retry can fix is a final 500 the client does not retry, not a
 // 503 that it would retry forever.
+// A phase's Answer is written as the workflow gave it, nothing stored: a
+// retry runs the phase again.
+func TestAnswerIsWrittenAndNotStored(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for i := range 2 {
+		r := b.do(t, http.MethodPost, "k", `{"text":"answer"}`)
+		require.Equal(t, http.StatusConflict, r.status)
+		require.JSONEq(t, `{"error":"the notebook is locked; nothing saved"}`, string(r.body))
+		require.Empty(t, r.header.Get("Idempotent-Replayed"))
+		require.EqualValues(t, i+1, b.runs.Load(), "each retry runs the phase")
+	}
+}
+
 func TestPermanentFailureIs500WithoutRetryAfter(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
+	r := b.do(t, http.MethodPost, "k", `{"text":"permanent"}`)
+	requireProblem(t, r, http.StatusInternalServerError, aphttp.ProblemPermanentFailure)
+	require.Empty(t, r.header.Get("Retry-After"))
+	// The key is parked: a retry is told so, and runs nothing.
 	for range 2 {
 		r := b.do(t, http.MethodPost, "k", `{"text":"permanent"}`)
-		requireProblem(t, r, http.StatusInternalServerError, aphttp.ProblemPermanentFailure)
+		requireProblem(t, r, http.StatusInternalServerError, aphttp.ProblemParked)
 		require.Empty(t, r.header.Get("Retry-After"))
 	}
+	require.EqualValues(t, 1, b.runs.Load())
 }
 
 // An empty scope is the server's bug: a 500, never a shared key space, and

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+
+	"github.com/atomicphase/atomicphase"
 )
 
 // ProblemTypeBase prefixes every problem type URI this package writes; the
@@ -24,6 +26,9 @@ const (
 	ProblemTooManyKeys      = ProblemTypeBase + "too-many-keys"     // 429
 	ProblemInvalidRequest   = ProblemTypeBase + "invalid-request"   // 422
 	ProblemPermanentFailure = ProblemTypeBase + "permanent-failure" // 500
+	ProblemParked           = ProblemTypeBase + "parked"            // 500
+	ProblemMethodCase       = ProblemTypeBase + "method-case"       // 400
+	ProblemInvalidData      = atomicphase.ProblemInvalidData        // 422, stored: the request's data refused
 	ProblemInvalidScope     = ProblemTypeBase + "invalid-scope"     // 500
 	ProblemTransientFailure = ProblemTypeBase + "transient-failure" // 503
 	ProblemStoreUnavailable = ProblemTypeBase + "store-unavailable" // 503

@@ -82,6 +82,15 @@
 //     one): a key was parked for an operator, by a permanent error or after
 //     Config.MaxAttempts. Alert on any: it waits for a person (ListKeys,
 //     Unpark, Forget).
+//   - atomicphase.key.parked_reaped ({key}; workflow): the sweep deleted a
+//     parked key nobody acted on within SweepConfig.ParkedRetention. Alert
+//     on any: a parked key went unattended.
+//   - atomicphase.reserve.parked ({request}; workflow): a retry of a parked
+//     key, answered with its failure without running anything.
+//   - atomicphase.key.data_refused ({request}; workflow, phase): the
+//     database refused a request's data (a constraint, a value out of
+//     range); the key finished with a stored 422. A rise: a client sends
+//     bad data, or a constraint changed.
 //
 // Progress:
 //

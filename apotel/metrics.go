@@ -28,7 +28,8 @@ func knownKinds() []atomicphase.EventKind {
 		atomicphase.EventKeyMisuse, atomicphase.EventFailedRetry, atomicphase.EventTakeover,
 		atomicphase.EventOverLimit, atomicphase.EventStoreError,
 		atomicphase.EventPhaseCommitted, atomicphase.EventPhaseFailed,
-		atomicphase.EventLockLost, atomicphase.EventParked,
+		atomicphase.EventLockLost, atomicphase.EventParked, atomicphase.EventParkedReaped,
+		atomicphase.EventParkedRefused, atomicphase.EventDataRefused,
 		atomicphase.EventZombieKey, atomicphase.EventTTLPruned, atomicphase.EventUnknownWorkflow,
 	}
 }
@@ -61,6 +62,12 @@ func describe(kind atomicphase.EventKind) (unit, description string) {
 		return "{attempt}", "Attempts that found at commit that a newer attempt had taken their key."
 	case atomicphase.EventParked:
 		return "{key}", "Keys parked for an operator."
+	case atomicphase.EventParkedReaped:
+		return "{key}", "Parked keys the sweep deleted after their retention."
+	case atomicphase.EventParkedRefused:
+		return "{request}", "Retries of parked keys, answered with their failure (500) without running anything."
+	case atomicphase.EventDataRefused:
+		return "{request}", "Requests whose data the database refused, finished with a stored 422."
 	case atomicphase.EventZombieKey:
 		return "{key}", "Abandoned keys the sweep completed."
 	case atomicphase.EventTTLPruned:

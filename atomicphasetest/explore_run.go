@@ -147,9 +147,20 @@ func (e *explorer) runTrial(plan [][]Fault) (Row, *atomicphase.Response) {
 			<-d.done
 		}
 	}()
+	panicked := false
 	for attempt := 1; attempt <= e.sc.MaxAttempts && final == nil; attempt++ {
 		var rules []faultinject.Rule
 		var dup *duplicate
+		if panicked {
+			// A panic parks the key: it is a bug, which the retries cannot
+			// get past. The injected one is "fixed" at once; the operator
+			// unparks the key, as the runbook says, and the client's
+			// retries go on.
+			if err := unparkAll(ctx, runner); err != nil {
+				e.t.Fatal(err)
+			}
+			panicked = false
+		}
 		if attempt <= len(plan) {
 			for _, f := range plan[attempt-1] {
 				if f.Action == Duplicate {
@@ -172,11 +183,16 @@ func (e *explorer) runTrial(plan [][]Fault) (Row, *atomicphase.Response) {
 			if err := sweepOnce(ctx, db, sweeper, lockTimeout); err != nil {
 				lastErr = err
 			}
+			// A panic the plan injected into the sweep's run parked the key
+			// too; the operator unparks it before the client's next retry.
+			panicked = slices.ContainsFunc(rules, func(r faultinject.Rule) bool { return r.Action == faultinject.Panic })
 			row.passed = append(row.passed, inj.Passed())
 			planned(attempt, inj)
 			continue
 		}
 		resp, err := attemptOnce(ctx, runner, trial)
+		var pe *panicError
+		panicked = errors.As(err, &pe)
 		row.passed = append(row.passed, inj.Passed())
 		planned(attempt, inj)
 		sweepNext = err != nil && sweeper != nil
@@ -284,10 +300,30 @@ func attemptOnce(ctx context.Context, runner *atomicphase.Runner, trial *Trial) 
 			if !ok {
 				panic(p)
 			}
-			resp, err = nil, fmt.Errorf("%s", ip)
+			resp, err = nil, &panicError{ip}
 		}
 	}()
 	return trial.Attempt(ctx, runner)
+}
+
+// panicError is an attempt that ended in an injected panic.
+type panicError struct{ p *faultinject.InjectedPanic }
+
+func (e *panicError) Error() string { return e.p.String() }
+
+// unparkAll unparks every parked key, as an operator does once the bug
+// that parked them is fixed.
+func unparkAll(ctx context.Context, runner *atomicphase.Runner) error {
+	keys, err := runner.ListKeys(ctx, &atomicphase.KeyFilter{Status: atomicphase.KeyParked})
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := runner.Unpark(ctx, k.Scope, k.Key); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // switchable lets the explorer change the injector, and the concurrent

@@ -3,6 +3,7 @@ package atomicphasetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 
@@ -71,9 +72,15 @@ func BeginPhase(t testing.TB, db *DB) *PhaseTx {
 		t.Fatalf("atomicphasetest: BeginPhase: %v", err)
 	}
 	go func() {
-		_, err := runner.Run(context.Background(), wf, atomicphase.Request{
+		resp, err := runner.Run(context.Background(), wf, atomicphase.Request{
 			Scope: "atomicphasetest", Key: "phase-" + randomHex(8), Method: "POST", Path: "/phase",
 		})
+		if err == nil && resp.Status != 204 {
+			// Not the phase's own answer: the Runner's, for data the
+			// database refused (a constraint the phase's writes break),
+			// which a request answers with a stored 422.
+			err = fmt.Errorf("atomicphasetest: the phase's writes were refused, and the Runner answered %d %s", resp.Status, resp.Body)
+		}
 		pt.done <- err
 	}()
 	select {
@@ -90,7 +97,9 @@ func BeginPhase(t testing.TB, db *DB) *PhaseTx {
 // otherwise it rolls back. It returns the error the phase fails with, as a
 // *atomicphase.PhaseError: phaseErr itself; a queued statement that failed;
 // transaction control the Tx refused, or a COMMIT sent through Conn, even
-// if the function swallowed the error. Nil means everything committed.
+// if the function swallowed the error; or, when the database refused the
+// phase's data (a constraint its writes break), an error quoting the 422
+// the Runner would answer with. Nil means everything committed.
 // Later calls return the first one's answer.
 func (pt *PhaseTx) End(phaseErr error) error {
 	pt.once.Do(func() {

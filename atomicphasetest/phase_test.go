@@ -65,8 +65,8 @@ func TestPhaseTxEndReportsWhatTheRunnerWould(t *testing.T) {
 
 	pt := atomicphasetest.BeginPhase(t, db)
 	pt.Tx.Queue(`INSERT INTO orders (item) VALUES ('a')`)
-	pt.Tx.Queue(`INSERT INTO orders (item) VALUES (NULL)`) // item is NOT NULL
-	require.ErrorContains(t, pt.End(nil), "not-null")
+	pt.Tx.Queue(`INSERT INTO orders (item) VALUES (NULL)`)    // item is NOT NULL
+	require.ErrorContains(t, pt.End(nil), "NotNullViolation") // the Runner answers the request with a 422
 	require.Zero(t, countOrders(t, db))
 
 	pt = atomicphasetest.BeginPhase(t, db)

@@ -14,8 +14,9 @@ import (
 
 func (c *cli) forgetCmd() *cobra.Command {
 	var yes bool
+	var b bulkFlags
 	cmd := &cobra.Command{
-		Use:   "forget SCOPE KEY",
+		Use:   "forget (SCOPE KEY | --workflow W --status S --older-than D --error-contains T [--dry-run])",
 		Short: "Delete a finished or parked key",
 		Long: strings.TrimSpace(`
 Delete a finished or parked key: a stored response produced by a since-fixed
@@ -27,17 +28,31 @@ Keys in progress, stale or abandoned are refused: their phases have done
 part of the work, and forgetting them would strand it. Let them finish, or
 wait until they are parked.
 
+Given no SCOPE KEY but filters, forget acts on every key they select (parked
+keys unless --status finished is given), at most --limit of them, oldest
+first; --dry-run lists them and changes nothing.
+
 forget asks for confirmation on standard input unless --yes is given.`),
 		Example: examples(
 			`atomicphase forget user_42 4f1c9a7e-checkout`,
 			`atomicphase forget user_42 4f1c9a7e-checkout --yes`,
+			`atomicphase forget --workflow create_ride --error-contains "check constraint" --dry-run`,
+			`atomicphase forget --status parked --older-than 72h --yes`,
 		),
-		Args: keyArgs,
+		Args: keyOrFilterArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			bulk, err := b.bulk(args)
+			switch {
+			case err != nil:
+				return err
+			case bulk:
+				return c.runBulk(cmd.Context(), &b, yes, "forgotten", (*atomicphase.Runner).ForgetKeys)
+			}
 			return c.forget(cmd.Context(), args[0], args[1], yes)
 		},
 	}
 	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation")
+	b.add(cmd, "with no SCOPE KEY: parked (the default) or finished")
 	return cmd
 }
 

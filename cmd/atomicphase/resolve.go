@@ -21,7 +21,9 @@ Record an operator's verdict on a foreign call whose outcome is unknown (a
 payout whose answer was lost, say), when neither the reconcile function nor
 a webhook can tell: you checked with the downstream yourself. The verdict,
 the note and the time are kept in the key's row (inspect shows them), and
-the key is made due at once.
+the key is made due at once with a fresh budget of attempts (as unpark
+gives). A key that waits on no unknown outcome (its phase has no reconcile
+function) is refused: unpark it instead.
 
 The next attempt that resumes into the waiting phase (the sweep of a
 process that registered the key's workflow, or a client retry) follows the
@@ -45,6 +47,8 @@ result, and only its "cannot tell" is overruled).`),
 					return keyNotFound(scope, key)
 				case errors.Is(err, atomicphase.ErrKeyFinished):
 					return fmt.Errorf("key %q in scope %q is finished: there is nothing left to resolve", key, scope)
+				case errors.Is(err, atomicphase.ErrNoUnknownOutcome):
+					return fmt.Errorf("key %q in scope %q waits on no call of unknown outcome (its phase has no reconcile function, or the call is known not to have been made), so there is no verdict to record: run \"atomicphase unpark %s %s\" to retry it, or \"atomicphase forget\" to drop it", key, scope, scope, key)
 				case errors.Is(err, atomicphase.ErrInProgress):
 					return fmt.Errorf("key %q in scope %q is held by an attempt right now; try again once it ends", key, scope)
 				case err != nil:

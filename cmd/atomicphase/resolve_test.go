@@ -9,6 +9,9 @@ import (
 func TestResolve(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	// As if their calls' outcomes were unknown (the fixture's phases have
+	// no reconcile function, for which resolve is refused).
+	b.exec(t, `UPDATE idempotency_keys SET unknown_at = now() WHERE idempotency_key IN ('abandoned-1', 'parked-1')`)
 	res := b.run(t, "resolve", "bob", "abandoned-1", "--not-happened", "--note", "no such transfer at the bank (ops: ana)")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Contains(t, res.stdout, "verdict recorded (did not happen: the call will be made)")
@@ -43,10 +46,17 @@ func TestResolveRefusals(t *testing.T) {
 		{[]string{"resolve", "bob", "abandoned-1", "--happened"}, exitUsage, "--note is required"},
 		{[]string{"resolve", "alice", "finished-1", "--happened", "--note", "x"}, exitFailure, "is finished: there is nothing left to resolve"},
 		{[]string{"resolve", "alice", "missing", "--happened", "--note", "x"}, exitFailure, `no key "missing" in scope "alice"`},
+		// Before, accepted, printing "the request goes on without making
+		// the call again", and the call was made all the same.
+		{[]string{"resolve", "bob", "abandoned-1", "--happened", "--note", "x"}, exitFailure,
+			`waits on no call of unknown outcome (its phase has no reconcile function, or the call is known not to have been made), so there is no verdict to record: run "atomicphase unpark bob abandoned-1" to retry it`},
+		{[]string{"resolve", "bob", "parked-1", "--happened", "--note", "x"}, exitFailure, `run "atomicphase unpark bob parked-1"`},
 	} {
 		res := b.run(t, tc.args...)
 		require.Equal(t, tc.code, res.code, "%v: %s", tc.args, res.stderr)
 		require.Contains(t, res.stderr, tc.want, tc.args)
 	}
 	require.Nil(t, b.inspect(t, "bob", "abandoned-1").ResolvedHappened, "nothing recorded")
+	require.Nil(t, b.inspect(t, "bob", "parked-1").ResolvedHappened, "nothing recorded")
+	require.NotNil(t, b.inspect(t, "bob", "parked-1").ParkedAt, "left parked")
 }

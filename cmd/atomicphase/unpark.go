@@ -48,18 +48,34 @@ again after Config.MaxAttempts attempts.`),
 }
 
 func (c *cli) unparkCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "unpark SCOPE KEY",
+	var b bulkFlags
+	var yes bool
+	cmd := &cobra.Command{
+		Use:   "unpark (SCOPE KEY | --workflow W --older-than D --error-contains T [--dry-run])",
 		Short: "Clear a key's parked mark so the sweep tries it again",
 		Long: strings.TrimSpace(`
 Clear a parked key's mark (and any backoff), once whatever made it fail
 permanently is fixed: the next sweep of a process that registered the key's
 workflow resumes it. On a key that is not parked it clears the backoff only.
 A finished key cannot be unparked; forget it instead to drop its stored
-response.`),
-		Example: examples(`atomicphase unpark user_42 4f1c9a7e-checkout`),
-		Args:    keyArgs,
+response.
+
+Given no SCOPE KEY but filters, unpark acts on every parked key they select,
+at most --limit of them, oldest first, after asking (unless --yes);
+--dry-run lists them and changes nothing.`),
+		Example: examples(
+			`atomicphase unpark user_42 4f1c9a7e-checkout`,
+			`atomicphase unpark --workflow create_ride --error-contains "42P05" --dry-run`,
+		),
+		Args: keyOrFilterArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			bulk, err := b.bulk(args)
+			switch {
+			case err != nil:
+				return err
+			case bulk:
+				return c.runBulk(cmd.Context(), &b, yes, "unparked", (*atomicphase.Runner).UnparkKeys)
+			}
 			return c.unpark(cmd.Context(), args[0], args[1], func(before *atomicphase.KeyInfo) string {
 				if before.Status != atomicphase.KeyParked {
 					return fmt.Sprintf("key was not parked (it is %s); its backoff is cleared, so the next sweep of a process that registered workflow %q may resume it",
@@ -70,6 +86,9 @@ response.`),
 			})
 		},
 	}
+	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "with no SCOPE KEY: do not ask for confirmation")
+	b.add(cmd, "with no SCOPE KEY: parked (the only status unpark acts on in bulk)")
+	return cmd
 }
 
 // unpark unparks a key and prints what say makes of the key as it was.

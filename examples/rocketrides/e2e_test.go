@@ -166,8 +166,15 @@ func count(t *testing.T, db *atomicphasetest.DB, sql string, args ...any) int {
 }
 
 // dbOptions gives each test a database with the example's schema, River's
-// and the seeds.
-var dbOptions = &atomicphasetest.Options{SetupID: app.SchemaID(), Setup: app.Migrate}
+// and the seeds. With bouncerEnv set, the example and the test reach it
+// through a real PgBouncer in transaction pooling mode, in the exec mode
+// atomicphasetest.ExecModeEnv names (exec when unset): make
+// test/rocketrides-pgbouncer.
+var dbOptions = &atomicphasetest.Options{SetupID: app.SchemaID(), Setup: app.Migrate,
+	PgBouncer: os.Getenv(bouncerEnv) != ""}
+
+// bouncerEnv, set, runs the end-to-end suite through PgBouncer.
+const bouncerEnv = "ROCKETRIDES_E2E_PGBOUNCER"
 
 // world is what a server under test talks to: its own database, a fake
 // payment API, a fake bank and a fake mailer, each the test's own.

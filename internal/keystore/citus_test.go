@@ -39,6 +39,7 @@ var fanOut = map[string]string{
 	"abandonedSQL":   "the sweep looks for abandoned keys in every scope",
 	"unknownSQL":     "the sweep counts abandoned keys of unknown workflows in every scope",
 	"reapSQL":        "the sweep deletes old finished keys of every scope",
+	"reapParkedSQL":  "the sweep deletes parked keys past their retention in every scope",
 	"ageLocksSQL":    "tests age every held lock (atomicphasetest.AgeLocks)",
 	"ageBackoffsSQL": "the explorer's sweep makes every key due (Scenario.Sweep)",
 }
@@ -46,7 +47,7 @@ var fanOut = map[string]string{
 // timeInSubquery are modifications whose only time is read by a subquery
 // that runs as a SELECT of its own (on Citus, on the workers): the reap's
 // cut-off.
-var timeInSubquery = map[string]bool{"reapSQL": true}
+var timeInSubquery = map[string]bool{"reapSQL": true, "reapParkedSQL": true}
 
 // packageStatements returns the package's string constants that mention
 // the key table or its functions, by name, evaluated from the source.
@@ -116,7 +117,7 @@ func TestStatementsAreCitusCompatible(t *testing.T) {
 	stmts := packageStatements(t)
 	for _, name := range []string{"acquireSQL", "peekSQL", "recordSQL", "ownedBySQL", "takeSQL", "releaseSQL",
 		"checkpointSQL", "clearLastErrorSQL", "inspectSQL", "listKeysSQL", "unparkSQL", "forgetSQL", "recordResolutionSQL",
-		"takeVerdictSQL", "abandonedSQL", "unknownSQL", "reapSQL"} {
+		"takeVerdictSQL", "abandonedSQL", "unknownSQL", "reapSQL", "reapParkedSQL"} {
 		require.Contains(t, stmts, name, "the statements are found in the source")
 	}
 	distributed := map[string]bool{}

@@ -89,13 +89,15 @@ type Filter struct {
 	OlderThan time.Duration
 	// Limit is the most keys returned, oldest first.
 	Limit int
+	// ErrorContains keeps keys whose last error contains it.
+	ErrorContains string
 }
 
 const listKeysSQL = `SELECT * FROM (SELECT ` + infoColumns + `
     FROM /* TEMPLATE: schema */idempotency_keys
     WHERE ($1 = '' OR workflow = $1) AND ($2 = '' OR scope = $2)
       AND created_at < now() - $4 * interval '1 microsecond') AS k
-WHERE ($5 = '' OR k.status = $5)
+WHERE ($5 = '' OR k.status = $5) AND ($7 = '' OR strpos(k.last_error, $7) > 0)
 ORDER BY created_at, scope, key
 LIMIT $6`
 
@@ -104,6 +106,6 @@ LIMIT $6`
 func (s *Store) List(ctx context.Context, db DB, f *Filter) ([]*Info, error) {
 	var rows []*Info
 	err := pgxscan.Select(ctx, db, &rows, s.sql.list,
-		f.Workflow, f.Scope, s.lockTimeoutUS, max(f.OlderThan, 0).Microseconds(), f.Status, f.Limit)
+		f.Workflow, f.Scope, s.lockTimeoutUS, max(f.OlderThan, 0).Microseconds(), f.Status, f.Limit, f.ErrorContains)
 	return rows, err
 }

@@ -33,16 +33,18 @@ type Row struct {
 	Attempts       int      // acquisitions of the key so far, this one included
 	TookOver       bool     // this acquisition took a stale lock
 	OverLimit      bool     // a new key refused: its scope has too many unfinished keys
+	Parked         bool     // a parked key refused: a client's retry does not run it again
 	ResponseStatus *int
 	ResponseHeader []byte // JSON text, decoded only for a replay
 	ResponseBody   []byte
 }
 
 // acquireSQL records or takes the key, or reports why not, in one statement
-// and one round trip (see atomicphase_acquire in schema.sql). A replay reads
-// the row by primary key and writes nothing.
-const acquireSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_acquire(
-	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, $9::bigint, $10::integer)`
+// and one round trip (see atomicphase_admit and atomicphase_acquire in
+// schema.sql). A replay, and a parked key, read the row by primary key and
+// write nothing.
+const acquireSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_admit(
+	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, $9::bigint, $10::integer, $11::integer)`
 
 // Request is what a request's recording and acquisition store of it.
 type Request struct {
@@ -56,22 +58,27 @@ type Request struct {
 	// MaxUnfinished refuses a new key whose scope has this many unfinished
 	// keys already; nil for no limit.
 	MaxUnfinished *int32
+	// MaxAttempts tells a key parked by a permanent failure (fewer
+	// attempts), which the acquisition refuses, from one parked because
+	// its attempts ran out, which it takes: parking stops the sweep, not a
+	// client. Zero refuses every parked key.
+	MaxAttempts int32
 }
 
 // Acquire records req's key, or takes it when it is unfinished and nobody
 // holds it, or reports why not (Row.Acquired false: a finished key's stored
 // response, a key used with another request, a live lock, a scope over its
-// limit), in one statement. It scans positionally: it is the hot path of
+// limit, a parked key), in one statement. It scans positionally: it is the hot path of
 // every request.
 func (s *Store) Acquire(ctx context.Context, db DB, req *Request) (*Row, error) {
 	var row Row
 	err := db.QueryRow(ctx, s.sql.acquire,
 		req.Scope, req.Key, req.Workflow, req.Fingerprint, req.Method, req.Path, req.State, s.lockTimeoutUS, req.Token,
-		req.MaxUnfinished,
+		req.MaxUnfinished, maxAttempts(req.MaxAttempts),
 	).Scan(&row.Acquired, &row.Workflow, &row.Fingerprint, &row.RecoveryPoint, &row.JumpTarget,
 		&row.State, &row.LockToken, &row.LockExpiresIn, &row.DownstreamSalt,
 		&row.Attempts, &row.TookOver, &row.OverLimit,
-		&row.ResponseStatus, &row.ResponseHeader, &row.ResponseBody)
+		&row.ResponseStatus, &row.ResponseHeader, &row.ResponseBody, &row.Parked)
 	if err != nil {
 		return nil, err
 	}
@@ -190,6 +197,15 @@ func (rec *Recording) RecordAgain(ctx context.Context, db DB) error {
 		return ErrNotRecorded
 	}
 	return err
+}
+
+// maxAttempts is atomicphase_admit's p_max_attempts: NULL, which refuses
+// every parked key, for zero.
+func maxAttempts(n int32) *int32 {
+	if n <= 0 {
+		return nil
+	}
+	return &n
 }
 
 // ownedBySQL reports whether a key holds the lock token $3.

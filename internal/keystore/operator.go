@@ -37,18 +37,38 @@ func (s *Store) Forget(ctx context.Context, db DB, scope, key string) (bool, err
 	return tag.RowsAffected() == 1, err
 }
 
-// recordResolutionSQL: see atomicphase_record_resolution in schema.sql.
-const recordResolutionSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_record_resolution(
+// recordResolutionSQL: see atomicphase_resolve in schema.sql.
+const recordResolutionSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_resolve(
 	$1::text, $2::text, $3::boolean, $4::text, $5::bigint)`
 
+// Resolution is what RecordResolution did.
+type Resolution int
+
+const (
+	// NotResolvable: the key is finished, held by a live attempt, or absent.
+	NotResolvable Resolution = iota
+	// NoUnknownOutcome: the key is unfinished and unheld, but waits on no
+	// unknown outcome, so no verdict was recorded.
+	NoUnknownOutcome
+	// Resolved: the verdict was recorded, the key made due with a fresh
+	// budget of attempts.
+	Resolved
+)
+
 // RecordResolution records an operator's verdict on the call an unfinished
-// key waits on, and makes the key due. It reports false, changing nothing,
-// when the key is finished, held by a live attempt, or absent.
-func (s *Store) RecordResolution(ctx context.Context, db DB, scope, key string, happened bool, note string) (bool, error) {
+// key waits on, makes the key due and resets its attempts, and says what
+// it did; it changes nothing unless it answers Resolved.
+func (s *Store) RecordResolution(ctx context.Context, db DB, scope, key string, happened bool, note string) (Resolution, error) {
 	var workflow string
-	err := db.QueryRow(ctx, s.sql.recordResolution, scope, key, happened, note, s.lockTimeoutUS).Scan(&workflow)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
+	var recorded bool
+	err := db.QueryRow(ctx, s.sql.recordResolution, scope, key, happened, note, s.lockTimeoutUS).Scan(&workflow, &recorded)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return NotResolvable, nil
+	case err != nil:
+		return NotResolvable, err
+	case !recorded:
+		return NoUnknownOutcome, nil
 	}
-	return err == nil, err
+	return Resolved, nil
 }

@@ -1,6 +1,10 @@
 package keystore
 
-import "context"
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
 
 // schemaObjects are the tables and functions this version of the library
 // uses, as to_regclass and to_regprocedure name them. Missing looks for
@@ -17,6 +21,8 @@ var schemaObjects = []struct{ kind, name string }{
 	{"function", "atomicphase_release(text, text, bigint, text, bigint, boolean, boolean)"},
 	{"function", "atomicphase_unpark(text, text)"},
 	{"function", "atomicphase_record_resolution(text, text, boolean, text, bigint)"},
+	{"function", "atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer, integer)"},
+	{"function", "atomicphase_resolve(text, text, boolean, text, bigint)"},
 }
 
 const checkSchemaSQL = `
@@ -42,4 +48,17 @@ func (s *Store) Missing(ctx context.Context, db DB) ([]string, error) {
 	var missing []string
 	err := db.QueryRow(ctx, checkSchemaSQL, kinds, names).Scan(&missing)
 	return missing, err
+}
+
+// serverPIDSQL asks which server process runs the session. It is sent
+// with the simple protocol, which every exec mode and every pooler takes.
+const serverPIDSQL = `SELECT pg_backend_pid()`
+
+// ServerPID is the process id of the server backend that runs the
+// statement: behind a pooler (PgBouncer), not the one the connection's
+// start-up message announced, which the pooler made up.
+func ServerPID(ctx context.Context, db DB) (uint32, error) {
+	var pid uint32
+	err := db.QueryRow(ctx, serverPIDSQL, pgx.QueryExecModeSimpleProtocol).Scan(&pid)
+	return pid, err
 }

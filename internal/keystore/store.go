@@ -72,7 +72,7 @@ type Store struct {
 type statements struct {
 	acquire, peek, record, ownedBy, take, release, checkpoint, clearLastError, takeVerdict,
 	inspect, list, unpark, forget, recordResolution,
-	abandoned, unknownWorkflows, reap string
+	abandoned, unknownWorkflows, reap, reapParked string
 }
 
 // New returns the Store for schema ("" for the search_path) and lockTimeout.
@@ -97,6 +97,7 @@ func New(schema string, lockTimeout time.Duration) *Store {
 		abandoned:        r(abandonedSQL),
 		unknownWorkflows: r(unknownSQL),
 		reap:             r(reapSQL),
+		reapParked:       r(reapParkedSQL),
 	}}
 }
 

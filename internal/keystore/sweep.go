@@ -100,6 +100,38 @@ func (s *Store) Reap(ctx context.Context, db DB, olderThan time.Duration, batch 
 	return int(tag.RowsAffected()), err
 }
 
+// reapParkedSQL deletes one batch of parked keys parked longer ago than the
+// parked retention, and returns each one deleted, for the log. Like reapSQL
+// it reads and deletes on every shard; the DELETE matches parked_at and
+// the unheld, unfinished state again, so a key unparked, taken or finished
+// in between is left alone.
+const reapParkedSQL = `
+DELETE FROM /* TEMPLATE: schema */idempotency_keys
+WHERE (scope, idempotency_key, parked_at) IN (
+    SELECT scope, idempotency_key, parked_at FROM /* TEMPLATE: schema */idempotency_keys
+    WHERE response_status IS NULL AND parked_at IS NOT NULL
+      AND parked_at < now() - $1::bigint * interval '1 microsecond'
+    ORDER BY parked_at
+    LIMIT $2::integer)
+  AND response_status IS NULL AND locked_at IS NULL
+RETURNING scope, idempotency_key, workflow, coalesce(last_error, '')`
+
+// ReapedKey is a parked key ReapParked deleted.
+type ReapedKey struct{ Scope, Key, Workflow, LastError string }
+
+// ReapParked deletes at most batch keys parked longer than olderThan ago,
+// and returns them.
+func (s *Store) ReapParked(ctx context.Context, db DB, olderThan time.Duration, batch int) ([]ReapedKey, error) {
+	rows, err := db.Query(ctx, s.sql.reapParked, olderThan.Microseconds(), batch)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (ReapedKey, error) {
+		var k ReapedKey
+		return k, row.Scan(&k.Scope, &k.Key, &k.Workflow, &k.LastError)
+	})
+}
+
 // Execer runs a statement: a pool, a connection, a transaction.
 type Execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)

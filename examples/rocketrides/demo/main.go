@@ -33,6 +33,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/aphttp"
 	"github.com/atomicphase/atomicphase/atomicphasetest"
 	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/app"
@@ -161,6 +163,19 @@ func run(requests, workers int) error {
 		return err
 	}
 
+	// The operator: an injected panic is a bug, which parks the key; the
+	// client's retries are answered "parked" until someone unparks it. The
+	// demo's bug is "fixed" at once, and the demo unparks the key as an
+	// operator would (atomicphase unpark SCOPE KEY).
+	operator, err := atomicphase.NewRunner(pool, nil)
+	if err != nil {
+		return err
+	}
+	unpark := func(key string) error {
+		printf("  ⚑ %s parked by its panic; the operator unparks it\n", key)
+		return operator.Unpark(ctx, user, key)
+	}
+
 	finals := make([]reply, requests)
 	jobs := make(chan int)
 	var wg sync.WaitGroup
@@ -171,7 +186,7 @@ func run(requests, workers int) error {
 			for i := range jobs {
 				key := fmt.Sprintf("demo-%s-%02d", runID, i+1)
 				fault := plan(i)
-				final, attempts := book(srv.url, key, fault)
+				final, attempts := book(srv.url, key, fault, unpark)
 				finals[i] = final
 				printf("%-20s fault %-38s attempts %-2d → %s\n", key, fault, attempts, describe(final))
 			}
@@ -279,8 +294,9 @@ func btoi(b bool) int {
 }
 
 // book sends the request with its fault on the first attempt, then retries
-// like a well-behaved client until it gets a final answer.
-func book(url, key, fault string) (reply, int) {
+// like a well-behaved client until it gets a final answer; a key answered
+// "parked" is unparked (by the operator) before the next retry.
+func book(url, key, fault string, unpark func(key string) error) (reply, int) {
 	for attempt := 1; ; attempt++ {
 		f := ""
 		if attempt == 1 {
@@ -288,6 +304,10 @@ func book(url, key, fault string) (reply, int) {
 		}
 		r, err := post(url, key, f)
 		switch {
+		case err == nil && r.status == http.StatusInternalServerError && bytes.Contains(r.body, []byte(aphttp.ProblemParked)):
+			if err := unpark(key); err != nil {
+				return reply{status: 0, body: []byte("unpark: " + err.Error())}, attempt
+			}
 		case err != nil || r.status >= 500:
 			time.Sleep(150 * time.Millisecond)
 		case r.status == http.StatusConflict:

@@ -8,9 +8,12 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -285,6 +288,43 @@ func TestTransientPaymentFailureResumesAtTheCharge(t *testing.T) {
 	require.Empty(t, ok.header.Get("Idempotent-Replayed"))
 	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM rides"), "the retry did not create the ride again")
 	require.Len(t, b.fake.Charges(), 1)
+}
+
+// A network blip at the payment API (the connection dropped before an
+// answer) is one failed call and a 503 the client retries, not a permanent
+// failure. stripe-go retries such a blip on its own by default; through
+// the phase's one-call transport that retry is a second send, refused as a
+// programming error that parks the key. The example turns the SDK's
+// retries off (MaxNetworkRetries 0): the payment API sees one request per
+// attempt, and the client's retry, with the same key, charges once.
+func TestPaymentAPIBlipIsRetriedNotParked(t *testing.T) {
+	t.Parallel()
+	fake, err := fakestripe.Start()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = fake.Close() })
+	target, err := url.Parse(fake.URL)
+	require.NoError(t, err)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	var requests atomic.Int32
+	blip := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if requests.Add(1) == 1 {
+			conn, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				_ = conn.Close() // dropped before any answer
+			}
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(blip.Close)
+	b := setup(t, &setupOpts{stripeBase: blip.URL})
+	r := b.post(t, "user@example.com", "k", rideBody)
+	require.Equal(t, http.StatusServiceUnavailable, r.status, "%s", r.body)
+	require.EqualValues(t, 1, requests.Load(), "the SDK did not send the charge again on its own")
+	require.Zero(t, b.count(t, "SELECT count(*) FROM idempotency_keys WHERE parked_at IS NOT NULL"))
+	ok := b.post(t, "user@example.com", "k", rideBody)
+	require.Equal(t, http.StatusCreated, ok.status, "%s", ok.body)
+	require.Len(t, fake.Charges(), 1)
 }
 
 func TestUnreachablePaymentAPIIsTransient(t *testing.T) {

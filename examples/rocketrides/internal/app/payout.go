@@ -45,11 +45,12 @@ type bankPayout struct {
 func PayoutReference(call *atomicphase.ForeignCall) string { return call.Key() }
 
 // payoutFunc pays the ride's driver at the bank at base, once. A 201 records
-// the payout; a 4xx is a refusal (nothing paid), which retrying the same
-// payout cannot change: the phase fails permanently, the key is parked for
-// an operator (the client gets a 500), and a retry after the fix resumes
-// here, looks the reference up and pays. Anything else is returned as an
-// error, which the Runner turns into an unknown outcome.
+// the payout; a 4xx is a refusal: the bank answered, definitively, and
+// nothing was paid. It is the request's answer, not a failure: the call
+// records the refusal in the state, and the record step ends the request
+// with a stored 424 (see recordPayout), as a declined card ends it with a
+// stored 402. Anything else is returned as an error, which the Runner turns
+// into an unknown outcome.
 func payoutFunc(base string, client *http.Client) atomicphase.CallFunc[Ride] {
 	return func(ctx context.Context, call *atomicphase.ForeignCall, r *Ride) error {
 		return call.Do(ctx, func(ctx context.Context, _ string) error {
@@ -72,7 +73,8 @@ func payoutFunc(base string, client *http.Client) atomicphase.CallFunc[Ride] {
 			data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 			switch {
 			case resp.StatusCode >= 400 && resp.StatusCode < 500:
-				return atomicphase.Permanent(fmt.Errorf("payout refused by the bank: %s: %s", resp.Status, bytes.TrimSpace(data)))
+				r.PayoutRefused = fmt.Sprintf("%s: %s", resp.Status, bytes.TrimSpace(data))
+				return nil
 			case resp.StatusCode != http.StatusCreated:
 				return fmt.Errorf("payout: the bank answered %s", resp.Status)
 			case err != nil:
@@ -122,7 +124,18 @@ func reconcilePayout(base string, client *http.Client) atomicphase.ReconcileFunc
 	}
 }
 
+// recordPayout records the payout, or ends the request with the bank's
+// refusal: 424 Failed Dependency, stored and replayed (a retry with the
+// same key gets the same answer and sends nothing; the rider's charge
+// stands, recorded on the ride, for an operator to refund or pay by hand).
+// A 4xx: the request as sent will not succeed, so a client must not retry
+// it in a loop, as it would a 5xx.
 func recordPayout(ctx context.Context, tx atomicphase.Tx, r *Ride) (atomicphase.Outcome, error) {
+	if r.PayoutRefused != "" {
+		body, err := json.Marshal(map[string]any{"error": map[string]any{
+			"type": "payout_refused", "message": r.PayoutRefused, "ride_id": r.RideID, "charge_id": r.ChargeID}})
+		return atomicphase.Respond(http.StatusFailedDependency, body), err
+	}
 	tx.Queue(`UPDATE rides SET bank_payout_id = $1 WHERE rider = $2 AND id = $3`, r.PayoutID, r.Email, r.RideID)
 	return atomicphase.Continue(), nil
 }

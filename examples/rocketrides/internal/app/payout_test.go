@@ -112,25 +112,41 @@ func TestPayoutLookupDownSendsNothing(t *testing.T) {
 	require.Equal(t, 1, b.bank.Calls())
 }
 
-// TestPayoutRefusedFailsPermanently: a 4xx from the bank paid nothing and
-// a repeat would be refused again, so the request fails permanently (500,
-// parked, no receipt). A retry after the refusal is lifted resumes at the
-// payout, looks it up, pays once and books the ride.
-func TestPayoutRefusedFailsPermanently(t *testing.T) {
+// TestPayoutRefusedIsAStoredAnswer: a 4xx from the bank is its definitive
+// answer (nothing paid), so it is the request's answer too: a 424, stored
+// and replayed byte for byte, with no receipt and nothing parked; retries
+// send nothing to the bank. Before, the key was parked and the client got
+// a 500.
+func TestPayoutRefusedIsAStoredAnswer(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	b.bank.FailNext(fakebank.Refuse4xx)
-	failed := b.post(t, "user@example.com", "k", rideBody)
-	requireProblem(t, failed, http.StatusInternalServerError)
-	require.Contains(t, string(failed.body), aphttp.ProblemPermanentFailure)
+	refused := b.post(t, "user@example.com", "k", rideBody)
+	require.Equal(t, http.StatusFailedDependency, refused.status, "%s", refused.body)
+	var answer struct {
+		Error struct {
+			Type     string `json:"type"`
+			RideID   int64  `json:"ride_id"`
+			ChargeID string `json:"charge_id"`
+		} `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal(refused.body, &answer))
+	require.Equal(t, "payout_refused", answer.Error.Type)
+	require.NotZero(t, answer.Error.RideID)
+	require.NotEmpty(t, answer.Error.ChargeID)
 	require.Empty(t, b.bank.Payouts())
 	info, err := b.runner.Inspect(context.Background(), "user@example.com", "k")
 	require.NoError(t, err)
-	require.Equal(t, atomicphase.KeyParked, info.Status)
+	require.Equal(t, atomicphase.KeyFinished, info.Status)
 	require.Zero(t, b.queuedReceipts(t), "no receipt for an unpaid ride")
 
-	b.requirePaidOnce(t, b.post(t, "user@example.com", "k", rideBody))
-	require.Equal(t, 2, b.bank.Calls())
+	for range 3 {
+		replay := b.post(t, "user@example.com", "k", rideBody)
+		require.Equal(t, http.StatusFailedDependency, replay.status)
+		require.Equal(t, refused.body, replay.body)
+		require.Equal(t, "true", replay.header.Get("Idempotent-Replayed"))
+	}
+	require.Equal(t, 1, b.bank.Calls(), "the refusal is not asked for again")
 }
 
 // TestPayoutKilledAfterTheCallIsReconciled: the attempt dies right after

@@ -28,6 +28,9 @@ type Ride struct {
 	ChargeID   string `json:"charge_id,omitempty"`
 	Declined   string `json:"declined,omitempty"` // the payment API's decline message
 	PayoutID   string `json:"payout_id,omitempty"`
+	// PayoutRefused is the bank's refusal of the payout (a 4xx: nothing
+	// paid), which ends the request with a stored 424.
+	PayoutRefused string `json:"payout_refused,omitempty"`
 }
 
 // Amount and Currency of every ride.
@@ -94,11 +97,19 @@ func createRide(ctx context.Context, tx atomicphase.Tx, r *Ride) (atomicphase.Ou
 		r.Email, r.Key, r.UserID, r.OriginLat, r.OriginLon, r.TargetLat, r.TargetLon).Scan(&r.RideID); err != nil {
 		return atomicphase.Outcome{}, err
 	}
+	// The audit record's jsonb travels as JSON text, which a jsonb
+	// parameter takes in every pgx exec mode: a Go map cannot be encoded
+	// under the exec and simple_protocol modes (the ones that work through
+	// a transaction-pooling PgBouncer), where pgx does not know the
+	// parameter is jsonb.
+	data, err := json.Marshal(map[string]any{"origin_lat": r.OriginLat, "origin_lon": r.OriginLon, "target_lat": r.TargetLat, "target_lon": r.TargetLon})
+	if err != nil {
+		return atomicphase.Outcome{}, atomicphase.Permanent(fmt.Errorf("encode the audit record: %w", err))
+	}
 	tx.Queue(`
 		INSERT INTO audit_records (rider, action, data, resource_id, resource_type, user_id)
-		VALUES ($1, 'create_ride', $2, $3, 'ride', $4)`,
-		r.Email, map[string]any{"origin_lat": r.OriginLat, "origin_lon": r.OriginLon, "target_lat": r.TargetLat, "target_lon": r.TargetLon},
-		r.RideID, r.UserID)
+		VALUES ($1, 'create_ride', $2::jsonb, $3, 'ride', $4)`,
+		r.Email, string(data), r.RideID, r.UserID)
 	return atomicphase.Continue(), nil
 }
 
