@@ -14,6 +14,9 @@ type Info struct {
 	Key              string
 	Workflow         string
 	RecoveryPoint    string
+	RequestMethod    string
+	RequestPath      string
+	Fingerprint      []byte
 	Status           string // see statusSQL
 	Locked           bool
 	LockExpiresIn    *float64
@@ -58,6 +61,7 @@ const statusSQL = `CASE
 
 // infoColumns are the columns an Info is scanned from.
 const infoColumns = `scope, idempotency_key AS key, workflow, recovery_point,
+       request_method, request_path, fingerprint,
        ` + statusSQL + ` AS status,
        locked_at IS NOT NULL AS locked, lock_token, state, attempts, last_error,
        next_attempt_at, parked_at, unknown_at, resolved_happened, resolved_note, resolved_at,

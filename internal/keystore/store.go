@@ -72,7 +72,8 @@ type Store struct {
 type statements struct {
 	acquire, peek, record, ownedBy, take, release, checkpoint, takeVerdict,
 	inspect, list, unpark, forget, recordResolution,
-	abandoned, unknownWorkflows, reap string
+	abandoned, unknownWorkflows, reap,
+	levels, recentTrouble, page, pageUnfinished string
 }
 
 // New returns the Store for schema ("" for the search_path) and lockTimeout.
@@ -96,6 +97,10 @@ func New(schema string, lockTimeout time.Duration) *Store {
 		abandoned:        r(abandonedSQL),
 		unknownWorkflows: r(unknownSQL),
 		reap:             r(reapSQL),
+		levels:           r(levelsSQL),
+		recentTrouble:    r(recentTroubleSQL),
+		page:             r(pageSQL),
+		pageUnfinished:   r(pageUnfinishedSQL),
 	}}
 }
 
