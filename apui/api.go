@@ -71,7 +71,7 @@ func (h *Handler) apiLevels(w http.ResponseWriter, r *http.Request) {
 
 // keysJSON is GET api/keys's answer: a page and where the next starts.
 type keysJSON struct {
-	Keys []*apiKeyJSON        `json:"keys"`
+	Keys []*apiKeyJSON          `json:"keys"`
 	Next *atomicphase.KeyCursor `json:"next"`
 }
 

@@ -24,22 +24,24 @@ var statuses = []atomicphase.KeyStatus{atomicphase.KeyInProgress, atomicphase.Ke
 // parseTemplates parses each page with the layout it shares.
 func (h *Handler) parseTemplates() error {
 	funcs := template.FuncMap{
-		"prefix":      func() string { return h.opts.Prefix },
-		"readOnly":    func() bool { return h.opts.ReadOnly },
-		"ago":         ago,
-		"when":        when,
-		"keyURL":      h.keyURL,
-		"escape":      escapeControl,
-		"errorLines":  errorLines,
-		"showJSON":    showJSON,
-		"showBody":    showBody,
-		"hex":         func(b []byte) string { return fmt.Sprintf("%x", b) },
-		"statuses":    func() []atomicphase.KeyStatus { return statuses },
-		"listURL":     h.listURL,
-		"deref":       func(p *string) string { return derefString(p) },
-		"derefBool":   func(p *bool) bool { return p != nil && *p },
-		"unfinished":  func(k *atomicphase.KeyInfo) bool { return k.Status != atomicphase.KeyFinished },
-		"forgettable": func(k *atomicphase.KeyInfo) bool { return k.Status == atomicphase.KeyFinished || k.Status == atomicphase.KeyParked },
+		"prefix":     func() string { return h.opts.Prefix },
+		"readOnly":   func() bool { return h.opts.ReadOnly },
+		"ago":        ago,
+		"when":       when,
+		"keyURL":     h.keyURL,
+		"escape":     escapeControl,
+		"errorLines": errorLines,
+		"showJSON":   showJSON,
+		"showBody":   showBody,
+		"hex":        func(b []byte) string { return fmt.Sprintf("%x", b) },
+		"statuses":   func() []atomicphase.KeyStatus { return statuses },
+		"listURL":    h.listURL,
+		"deref":      func(p *string) string { return derefString(p) },
+		"derefBool":  func(p *bool) bool { return p != nil && *p },
+		"unfinished": func(k *atomicphase.KeyInfo) bool { return k.Status != atomicphase.KeyFinished },
+		"forgettable": func(k *atomicphase.KeyInfo) bool {
+			return k.Status == atomicphase.KeyFinished || k.Status == atomicphase.KeyParked
+		},
 	}
 	h.pages = map[string]*template.Template{}
 	for _, page := range []string{"overview", "keys", "key", "bulk", "error"} {
