@@ -6,8 +6,8 @@ GO ?= go
 # The library's module and those of the OpenTelemetry adapter, the operator
 # CLI and the examples (go.work joins them, so one go command covers them
 # all; ./... stops at a nested module).
-MODULES := . apotel cmd/atomicphase examples
-PKGS := ./... ./apotel/... ./cmd/atomicphase/... ./examples/...
+MODULES := . apotel apui cmd/atomicphase examples
+PKGS := ./... ./apotel/... ./apui/... ./cmd/atomicphase/... ./examples/...
 
 .PHONY: help
 help: ## List the targets
