@@ -40,7 +40,9 @@ func serveUI(t *testing.T, b *testBundle, args ...string) (string, func() (int, 
 	var stdout, stderr lockedBuffer
 	c := &cli{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }}
 	done := make(chan int, 1)
-	go func() { done <- c.run(ctx, append([]string{"--database-url", b.db.URL, "ui", "--listen", "127.0.0.1:0"}, args...)) }()
+	go func() {
+		done <- c.run(ctx, append([]string{"--database-url", b.db.URL, "ui", "--listen", "127.0.0.1:0"}, args...))
+	}()
 	stop := func() (int, string) { cancel(); return <-done, stderr.String() }
 	t.Cleanup(func() { cancel() })
 	addr := regexp.MustCompile(`console at (http://\S+/)`)
