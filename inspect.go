@@ -49,6 +49,9 @@ type KeyInfo struct {
 	ResolvedHappened *bool
 	ResolvedNote     *string
 	ResolvedAt       *time.Time
+	// ResolvedResult is the call's result recorded with the verdict
+	// (Runner.RecordResolutionWithResult), as JSON; nil if none.
+	ResolvedResult []byte
 	// ParkedAt is when the key was parked (it failed permanently, or
 	// Config.MaxAttempts times); nil unless it is.
 	ParkedAt *time.Time
@@ -105,7 +108,7 @@ func keyInfo(in *keystore.Info) *KeyInfo {
 		Status: KeyStatus(in.Status), Locked: in.Locked, LockExpiresIn: in.LockExpiresIn, LockToken: in.LockToken,
 		State: in.State, Attempts: in.Attempts, LastError: in.LastError, NextAttemptAt: in.NextAttemptAt,
 		UnknownAt: in.UnknownAt, ResolvedHappened: in.ResolvedHappened, ResolvedNote: in.ResolvedNote,
-		ResolvedAt: in.ResolvedAt, ParkedAt: in.ParkedAt,
+		ResolvedAt: in.ResolvedAt, ResolvedResult: in.ResolvedResult, ParkedAt: in.ParkedAt,
 		CreatedAt: in.CreatedAt, UpdatedAt: in.UpdatedAt, FinishedAt: in.FinishedAt,
 	}
 	if in.StatusCode != nil {

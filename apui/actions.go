@@ -2,6 +2,7 @@ package apui
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -34,6 +35,9 @@ type keyAction struct {
 	Happened *bool `json:"happened,omitempty"`
 	// Note says how the operator knows; it is recorded with the verdict.
 	Note string `json:"note,omitempty"`
+	// Result is the call's result, as JSON, with a verdict of happened: the
+	// phase's reconcile function reads it (ForeignCall.OperatorResult).
+	Result json.RawMessage `json:"result,omitempty"`
 }
 
 // errBadAction is an action that cannot be taken as asked.
@@ -79,6 +83,15 @@ func (h *Handler) do(ctx context.Context, actor string, a *keyAction) (done stri
 		if note == "" {
 			return "", &errBadAction{"resolve needs a note saying how you know (who at the downstream, which record)"}
 		}
+		if len(a.Result) > 0 {
+			if !*a.Happened {
+				return "", &errBadAction{"a call that did not happen has no result: leave the result empty"}
+			}
+			if !json.Valid(a.Result) {
+				return "", &errBadAction{`the result is not JSON: quote a string ("lbl-1") or give an object ({"label_id": "lbl-1"})`}
+			}
+			return "resolved", rn.RecordResolutionWithResult(ctx, a.Scope, a.Key, actor+": "+note, a.Result)
+		}
 		return "resolved", rn.RecordResolution(ctx, a.Scope, a.Key, *a.Happened, actor+": "+note)
 	}
 	return "", &errBadAction{fmt.Sprintf("no action %q; use one of %s", a.Action, strings.Join(actionNames, ", "))}
@@ -107,6 +120,9 @@ func (h *Handler) keyAction(w http.ResponseWriter, r *http.Request) {
 	}
 	a := &keyAction{Action: r.PostFormValue("action"), Scope: r.PostFormValue("scope"), Key: r.PostFormValue("key"),
 		Note: r.PostFormValue("note")}
+	if s := strings.TrimSpace(r.PostFormValue("result")); s != "" {
+		a.Result = json.RawMessage(s)
+	}
 	switch r.PostFormValue("happened") {
 	case "true":
 		a.Happened = new(bool)

@@ -71,6 +71,14 @@ func TestAPIReadsAndActs(t *testing.T) {
 	require.Contains(t, e["error"], `no action "explode"`)
 	require.Equal(t, http.StatusConflict, b.apiCall(t, "POST", "/api/key/unpark", "application/json", `{"scope":"alice","key":"finished-1"}`, &e))
 
+	require.Equal(t, http.StatusOK, b.apiCall(t, "POST", "/api/key/resolve", "application/json",
+		`{"scope":"frank","key":"unknown-1","happened":true,"note":"carrier portal","result":{"label_id":"lbl-9"}}`, &done))
+	require.Equal(t, "resolved", done["done"])
+	require.JSONEq(t, `{"label_id":"lbl-9"}`, string(b.inspect(t, "frank", "unknown-1").ResolvedResult))
+	require.Equal(t, http.StatusBadRequest, b.apiCall(t, "POST", "/api/key/resolve", "application/json",
+		`{"scope":"frank","key":"unknown-1","happened":false,"note":"x","result":"lbl-9"}`, &e))
+	require.Contains(t, e["error"], "a call that did not happen has no result")
+
 	var res bulkResult
 	require.Equal(t, http.StatusOK, b.apiCall(t, "POST", "/api/bulk/forget", "application/json",
 		`{"filter":{"status":"parked"},"dry_run":true}`, &res))

@@ -148,6 +148,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.NoError(t, chromedp.Run(ctx,
 		chromedp.SetValue("#happened", "true", chromedp.ByID),
 		chromedp.SendKeys("#note", "label service support confirmed lbl-1", chromedp.ByID),
+		chromedp.SendKeys("#result", `"lbl-1"`, chromedp.ByID),
 		chromedp.Click("#resolve-button", chromedp.ByID),
 		chromedp.WaitVisible("#notice", chromedp.ByID)))
 	txt = pageText(t, ctx)
@@ -156,6 +157,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	shoot(t, ctx, "resolve")
 	k := b.inspect(t, "frank", "unknown-1")
 	require.True(t, *k.ResolvedHappened)
+	require.JSONEq(t, `"lbl-1"`, string(k.ResolvedResult))
 
 	calls := *b.labels
 	require.NoError(t, chromedp.Run(ctx,
@@ -163,7 +165,9 @@ func TestConsoleInABrowser(t *testing.T) {
 		chromedp.WaitVisible("#response-status", chromedp.ByID)))
 	require.Contains(t, pageText(t, ctx), "Resumed")
 	require.Equal(t, calls, *b.labels, "the label the operator confirmed was not bought again")
-	require.Equal(t, atomicphase.KeyFinished, b.inspect(t, "frank", "unknown-1").Status)
+	k = b.inspect(t, "frank", "unknown-1")
+	require.Equal(t, atomicphase.KeyFinished, k.Status)
+	require.JSONEq(t, `{"item":"unknown-1","label":"lbl-1"}`, string(k.Response.Body), "the confirmation carries the label the operator recorded")
 	shoot(t, ctx, "resumed")
 	require.False(t, strings.Contains(txt, "\x1b"))
 }

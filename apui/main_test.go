@@ -2,6 +2,7 @@ package apui
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -83,7 +84,10 @@ func setup(t *testing.T, opts *Options) *testBundle {
 					s.LabelID = "lbl-1"
 					return nil
 				})
-			}, nil).WithReconcile(func(context.Context, *atomicphase.ForeignCall, *state) (bool, error) {
+			}, nil).WithReconcile(func(_ context.Context, call *atomicphase.ForeignCall, s *state) (bool, error) {
+				if res, ok := call.OperatorResult(); ok {
+					return true, json.Unmarshal(res, &s.LabelID)
+				}
 				return false, errors.New("label lookup is down")
 			}),
 			atomicphase.Local("confirm", respond)}, nil),

@@ -10,3 +10,46 @@
 CREATE INDEX IF NOT EXISTS idempotency_keys_unfinished_created_idx
     ON /* TEMPLATE: schema */idempotency_keys (created_at, scope, idempotency_key)
     WHERE response_status IS NULL;
+
+-- An operator's "happened" verdict may carry the call's result (the label id
+-- the downstream's support read out, say): JSON the phase's reconcile
+-- function reads from ForeignCall.OperatorResult and records in the state,
+-- as the call function would have. NULL when the verdict came without one.
+ALTER TABLE /* TEMPLATE: schema */idempotency_keys ADD COLUMN resolved_result jsonb;
+
+-- atomicphase_record_verdict is atomicphase_record_resolution with the
+-- call's result: it records an operator's verdict, and the result (or NULL),
+-- on the foreign call an unfinished key waits on, for the phase after its
+-- current recovery point, and makes the key due at once. It returns the
+-- key's workflow, or no row when the key is finished, absent, or held by a
+-- live attempt.
+CREATE FUNCTION /* TEMPLATE: schema */atomicphase_record_verdict(
+    p_scope text, p_key text, p_happened boolean, p_note text, p_lock_timeout_us bigint, p_result jsonb
+) RETURNS SETOF text LANGUAGE plpgsql AS $$
+DECLARE
+    v_now        timestamptz := now();
+    stale_before timestamptz := /* TEMPLATE: schema */atomicphase_stale_before(p_lock_timeout_us);
+    v_workflow   text;
+BEGIN
+    UPDATE /* TEMPLATE: schema */idempotency_keys AS k
+    SET resolved_after = k.recovery_point, resolved_happened = p_happened, resolved_note = p_note,
+        resolved_result = p_result, resolved_at = v_now, parked_at = NULL, next_attempt_at = NULL, updated_at = v_now
+    WHERE k.scope = p_scope AND k.idempotency_key = p_key AND k.response_status IS NULL
+      AND /* TEMPLATE: schema */atomicphase_lock_takeable(k.locked_at, stale_before)
+    RETURNING k.workflow INTO v_workflow;
+    IF FOUND THEN
+        RETURN NEXT v_workflow;
+    END IF;
+END
+$$;
+
+-- The verdict of an older library (which knows no result) clears any result
+-- an earlier verdict left, so that it is never taken for this one's.
+CREATE OR REPLACE FUNCTION /* TEMPLATE: schema */atomicphase_record_resolution(
+    p_scope text, p_key text, p_happened boolean, p_note text, p_lock_timeout_us bigint
+) RETURNS SETOF text LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM /* TEMPLATE: schema */atomicphase_record_verdict(
+        p_scope, p_key, p_happened, p_note, p_lock_timeout_us, NULL);
+END
+$$;

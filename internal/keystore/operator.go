@@ -37,16 +37,21 @@ func (s *Store) Forget(ctx context.Context, db DB, scope, key string) (bool, err
 	return tag.RowsAffected() == 1, err
 }
 
-// recordResolutionSQL: see atomicphase_record_resolution in schema.sql.
-const recordResolutionSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_record_resolution(
-	$1::text, $2::text, $3::boolean, $4::text, $5::bigint)`
+// recordResolutionSQL: see atomicphase_record_verdict in schema.sql.
+const recordResolutionSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_record_verdict(
+	$1::text, $2::text, $3::boolean, $4::text, $5::bigint, $6::jsonb)`
 
 // RecordResolution records an operator's verdict on the call an unfinished
 // key waits on, and makes the key due. It reports false, changing nothing,
-// when the key is finished, held by a live attempt, or absent.
-func (s *Store) RecordResolution(ctx context.Context, db DB, scope, key string, happened bool, note string) (bool, error) {
+// when the key is finished, held by a live attempt, or absent. result is
+// the call's result as JSON, or nil.
+func (s *Store) RecordResolution(ctx context.Context, db DB, scope, key string, happened bool, note string, result []byte) (bool, error) {
 	var workflow string
-	err := db.QueryRow(ctx, s.sql.recordResolution, scope, key, happened, note, s.lockTimeoutUS).Scan(&workflow)
+	var res any // a nil []byte would be sent as an empty string, not NULL
+	if result != nil {
+		res = string(result)
+	}
+	err := db.QueryRow(ctx, s.sql.recordResolution, scope, key, happened, note, s.lockTimeoutUS, res).Scan(&workflow)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}

@@ -8,6 +8,7 @@ import "context"
 var schemaObjects = []struct{ kind, name string }{
 	{"table", "idempotency_keys"},
 	{"column", "idempotency_keys.unknown_at"},
+	{"column", "idempotency_keys.resolved_result"},
 	{"function", "atomicphase_acquire(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)"},
 	{"function", "atomicphase_checkpoint(text, text, bigint, text, text, bytea, integer, jsonb, bytea)"},
 	{"function", "atomicphase_stale_before(bigint)"},
@@ -17,6 +18,7 @@ var schemaObjects = []struct{ kind, name string }{
 	{"function", "atomicphase_release(text, text, bigint, text, bigint, boolean, boolean)"},
 	{"function", "atomicphase_unpark(text, text)"},
 	{"function", "atomicphase_record_resolution(text, text, boolean, text, bigint)"},
+	{"function", "atomicphase_record_verdict(text, text, boolean, text, bigint, jsonb)"},
 }
 
 const checkSchemaSQL = `
