@@ -37,7 +37,7 @@ call would have; without it, the state stays as it is (a label id the next
 phases need stays empty).`),
 		Example: examples(`atomicphase resolve driver_7 ride-5521 --not-happened --note "no such payout in the bank's portal (ops: ana)"`,
 			`atomicphase resolve shop_3 order-88 --happened --result '{"label_id":"lbl_9x2"}' --note "label found in the carrier's portal (ops: ana)"`),
-		Args:    keyArgs,
+		Args: keyArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if happened == notHappened {
 				return usageErrorf("give exactly one of --happened and --not-happened")
