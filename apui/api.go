@@ -93,6 +93,22 @@ func (h *Handler) apiKeys(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
+// lookupJSON is GET api/lookup's answer: the key that sent a downstream
+// key, and the phase.
+type lookupJSON struct {
+	Key   *atomicphase.KeyInfo `json:"key"`
+	Phase string               `json:"phase"`
+}
+
+func (h *Handler) apiLookup(w http.ResponseWriter, r *http.Request) {
+	m, err := h.opts.Runner.FindDownstreamKey(r.Context(), r.URL.Query().Get("scope"), r.URL.Query().Get("ref"))
+	if err != nil {
+		writeError(w, lookupStatus(err), err)
+		return
+	}
+	writeJSON(w, http.StatusOK, &lookupJSON{Key: h.redacted(m.Key), Phase: m.Phase})
+}
+
 func (h *Handler) apiKey(w http.ResponseWriter, r *http.Request) {
 	scope, key := r.URL.Query().Get("scope"), r.URL.Query().Get("key")
 	if key == "" {

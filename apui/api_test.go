@@ -98,3 +98,23 @@ func TestAPIReadsAndActs(t *testing.T) {
 		`{"filter":{"tenant":"x"},"dry_run":true}`, &e))
 	require.Contains(t, e["error"], `filter field "tenant" is unknown`)
 }
+
+func TestLookUpByDownstreamKeyInItsScopeOnly(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	require.NotEmpty(t, b.labelRef)
+	code, body := b.get(t, "/keys?scope=frank&ref="+b.labelRef)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "<h1>Key unknown-1</h1>")
+	code, body = b.get(t, "/keys?scope=bob&ref="+b.labelRef)
+	require.Equal(t, http.StatusNotFound, code, "another scope cannot find frank's key")
+	require.Contains(t, body, "no key of the scope sent this downstream key")
+
+	var m lookupJSON
+	require.Equal(t, http.StatusOK, b.apiCall(t, "GET", "/api/lookup?scope=frank&ref="+b.labelRef, "", "", &m))
+	require.Equal(t, "unknown-1", m.Key.Key)
+	require.Equal(t, "buy_label", m.Phase)
+	var e map[string]string
+	require.Equal(t, http.StatusBadRequest, b.apiCall(t, "GET", "/api/lookup?ref="+b.labelRef, "", "", &e))
+	require.Contains(t, e["error"], "needs the scope")
+}

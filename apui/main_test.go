@@ -38,7 +38,8 @@ type testBundle struct {
 	ctx      context.Context
 	srv      *httptest.Server
 	client   *http.Client
-	labels   *int // calls the label downstream took
+	labels   *int   // calls the label downstream took
+	labelRef string // the downstream key the label call was sent with
 	opts     *Options
 	workflow map[string]*atomicphase.Workflow[state]
 }
@@ -76,8 +77,9 @@ func setup(t *testing.T, opts *Options) *testBundle {
 			})}, nil),
 		"label": atomicphase.MustWorkflow("label", start, []atomicphase.Phase[state]{
 			atomicphase.Foreign("buy_label", func(ctx context.Context, call *atomicphase.ForeignCall, s *state) error {
-				return call.Do(ctx, func(context.Context, string) error {
+				return call.Do(ctx, func(_ context.Context, ref string) error {
 					*b.labels++
+					b.labelRef = ref
 					if callFailed {
 						return errors.New("label service: connection reset")
 					}

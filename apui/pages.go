@@ -179,6 +179,16 @@ func (h *Handler) keys(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusBadRequest, err)
 		return
 	}
+	// A downstream key (a webhook's reference) is looked up in its scope.
+	if ref := r.URL.Query().Get("ref"); ref != "" {
+		m, err := h.opts.Runner.FindDownstreamKey(r.Context(), f.Scope, ref)
+		if err != nil {
+			h.fail(w, r, lookupStatus(err), fmt.Errorf("downstream key %q in scope %q: %w", escapeControl(ref), escapeControl(f.Scope), err))
+			return
+		}
+		http.Redirect(w, r, h.keyURL(m.Key.Scope, m.Key.Key), http.StatusSeeOther)
+		return
+	}
 	// A key looked up with its scope has one page: its own.
 	if f.Key != "" && f.Scope != "" && r.URL.Query().Get("list") == "" {
 		http.Redirect(w, r, h.keyURL(f.Scope, f.Key), http.StatusSeeOther)
@@ -258,6 +268,17 @@ func (h *Handler) phaseMarks(k *atomicphase.KeyInfo) ([]phaseMark, bool) {
 			Next: i == done+1 && k.Status != atomicphase.KeyFinished}
 	}
 	return marks, true
+}
+
+// lookupStatus is the HTTP status of a failed downstream key lookup.
+func lookupStatus(err error) int {
+	if errors.Is(err, atomicphase.ErrDownstreamKeyNotFound) {
+		return http.StatusNotFound
+	}
+	if errors.Is(err, atomicphase.ErrStoreUnavailable) {
+		return http.StatusInternalServerError
+	}
+	return http.StatusBadRequest
 }
 
 // keyURL is the link to a key's page.

@@ -135,3 +135,38 @@ func (s *Store) Page(ctx context.Context, db DB, f *PageFilter) ([]*Info, error)
 		f.ErrorContains, f.Key, at, afterScope, afterKey)
 	return rows, err
 }
+
+// scopeKeysSQL lists a scope's keys with what their downstream keys are
+// derived from, newest first: a range of the primary key's index, for the
+// reverse lookup from a downstream reference, which hashes them.
+const scopeKeysSQL = `SELECT idempotency_key, workflow, coalesce(downstream_salt::text, '')
+FROM /* TEMPLATE: schema */idempotency_keys
+WHERE scope = $1::text
+ORDER BY created_at DESC`
+
+// ScopeKey is a key of a scope with what its downstream keys are derived
+// from.
+type ScopeKey struct {
+	Key, Workflow, Salt string
+}
+
+// EachScopeKey calls fn with every key of scope, newest first, until fn
+// returns false.
+func (s *Store) EachScopeKey(ctx context.Context, db DB, scope string, fn func(ScopeKey) bool) error {
+	rows, err := db.Query(ctx, s.sql.scopeKeys, scope)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k ScopeKey
+		if err := rows.Scan(&k.Key, &k.Workflow, &k.Salt); err != nil {
+			return err
+		}
+		if !fn(k) {
+			break
+		}
+	}
+	rows.Close()
+	return rows.Err()
+}

@@ -73,7 +73,7 @@ type statements struct {
 	acquire, peek, record, ownedBy, take, release, checkpoint, takeVerdict,
 	inspect, list, unpark, forget, recordResolution,
 	abandoned, unknownWorkflows, reap,
-	levels, recentTrouble, page, pageUnfinished string
+	levels, recentTrouble, page, pageUnfinished, scopeKeys string
 }
 
 // New returns the Store for schema ("" for the search_path) and lockTimeout.
@@ -101,6 +101,7 @@ func New(schema string, lockTimeout time.Duration) *Store {
 		recentTrouble:    r(recentTroubleSQL),
 		page:             r(pageSQL),
 		pageUnfinished:   r(pageUnfinishedSQL),
+		scopeKeys:        r(scopeKeysSQL),
 	}}
 }
 
