@@ -727,3 +727,21 @@ BEGIN
         p_scope, p_key, p_happened, p_note, p_lock_timeout_us, NULL);
 END
 $$;
+
+-- The operators' audit trail: every action an operator takes on a key from
+-- the console, its API or the CLI (resume, unpark, forget, resolve), with
+-- who (as the embedding service or the CLI's environment names them), when,
+-- the key and the note. A table of its own: it outlives the key's row, which
+-- forget and the reap delete. Read by (scope, key), newest first.
+CREATE TABLE atomicphase_audit (
+    scope           text        NOT NULL,
+    idempotency_key text        NOT NULL,
+    at              timestamptz NOT NULL DEFAULT now(),
+    actor           text        NOT NULL,
+    action          text        NOT NULL,
+    note            text        NOT NULL DEFAULT '',
+    -- What the action carried: a verdict and the call's result, a bulk
+    -- action's filter.
+    detail          jsonb
+);
+CREATE INDEX atomicphase_audit_key_idx ON atomicphase_audit (scope, idempotency_key, at);

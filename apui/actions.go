@@ -45,9 +45,43 @@ type errBadAction struct{ msg string }
 
 func (e *errBadAction) Error() string { return e.msg }
 
-// do takes the action; done names what happened ("resumed", "scheduled",
-// "unparked", "forgotten", "resolved").
-func (h *Handler) do(ctx context.Context, actor string, a *keyAction) (done string, err error) {
+// do takes the action and records it in the key's audit trail, with who
+// and detail (a bulk action's filter, say); done names what happened
+// ("resumed", "scheduled", "unparked", "forgotten", "resolved"). An action
+// refused records nothing.
+func (h *Handler) do(ctx context.Context, actor string, a *keyAction, detail map[string]any) (done string, err error) {
+	done, err = h.act(ctx, actor, a)
+	if err != nil && done == "" {
+		return "", err
+	}
+	if detail == nil {
+		detail = map[string]any{}
+	}
+	detail["done"] = done
+	if a.Happened != nil {
+		detail["happened"] = *a.Happened
+	}
+	if len(a.Result) > 0 {
+		detail["result"] = a.Result
+	}
+	if err != nil {
+		detail["error"] = err.Error()
+	}
+	raw, jerr := json.Marshal(detail)
+	if jerr != nil {
+		return done, jerr
+	}
+	aerr := h.opts.Runner.RecordAudit(ctx, &atomicphase.AuditEntry{Scope: a.Scope, Key: a.Key, Actor: actor,
+		Action: a.Action, Note: strings.TrimSpace(a.Note), Detail: raw})
+	if err == nil && aerr != nil {
+		err = fmt.Errorf("%s, but recording it in the audit trail failed: %w", done, aerr)
+	}
+	return done, err
+}
+
+// act takes the action. An error with done set means the action was
+// taken in part (a resume that unparked the key, then failed to run it).
+func (h *Handler) act(ctx context.Context, actor string, a *keyAction) (done string, err error) {
 	if a.Key == "" {
 		return "", &errBadAction{"an action needs the key's scope and key"}
 	}
@@ -68,13 +102,13 @@ func (h *Handler) do(ctx context.Context, actor string, a *keyAction) (done stri
 			return "scheduled", nil
 		}
 		if _, err := rn.Resume(ctx, a.Scope, a.Key); err != nil {
-			return "", fmt.Errorf("the key is unparked and due, but resuming it now failed: %w", err)
+			return "scheduled", fmt.Errorf("the key is unparked and due, but resuming it now failed: %w", err)
 		}
 		return "resumed", nil
 	case "unpark":
-		return "unparked", rn.Unpark(ctx, a.Scope, a.Key)
+		return done2("unparked", rn.Unpark(ctx, a.Scope, a.Key))
 	case "forget":
-		return "forgotten", rn.Forget(ctx, a.Scope, a.Key)
+		return done2("forgotten", rn.Forget(ctx, a.Scope, a.Key))
 	case "resolve":
 		if a.Happened == nil {
 			return "", &errBadAction{"resolve needs a verdict: happened true or false"}
@@ -90,11 +124,19 @@ func (h *Handler) do(ctx context.Context, actor string, a *keyAction) (done stri
 			if !json.Valid(a.Result) {
 				return "", &errBadAction{`the result is not JSON: quote a string ("lbl-1") or give an object ({"label_id": "lbl-1"})`}
 			}
-			return "resolved", rn.RecordResolutionWithResult(ctx, a.Scope, a.Key, actor+": "+note, a.Result)
+			return done2("resolved", rn.RecordResolutionWithResult(ctx, a.Scope, a.Key, actor+": "+note, a.Result))
 		}
-		return "resolved", rn.RecordResolution(ctx, a.Scope, a.Key, *a.Happened, actor+": "+note)
+		return done2("resolved", rn.RecordResolution(ctx, a.Scope, a.Key, *a.Happened, actor+": "+note))
 	}
 	return "", &errBadAction{fmt.Sprintf("no action %q; use one of %s", a.Action, strings.Join(actionNames, ", "))}
+}
+
+// done2 is done when err is nil, and "" (nothing done) otherwise.
+func done2(done string, err error) (string, error) {
+	if err != nil {
+		return "", err
+	}
+	return done, nil
 }
 
 // statusOf is the HTTP status of an action's error.
@@ -130,7 +172,7 @@ func (h *Handler) keyAction(w http.ResponseWriter, r *http.Request) {
 	case "false":
 		a.Happened = new(bool)
 	}
-	done, err := h.do(r.Context(), h.opts.Actor(r), a)
+	done, err := h.do(r.Context(), h.opts.Actor(r), a, nil)
 	if err != nil {
 		h.fail(w, r, statusOf(err), fmt.Errorf("%s %q in scope %q: %w", a.Action, escapeControl(a.Key), escapeControl(a.Scope), err))
 		return
@@ -175,6 +217,10 @@ func (h *Handler) bulkDo(ctx context.Context, actor, action string, f *atomicpha
 		return nil, err
 	}
 	res := &bulkResult{Action: action, DryRun: dryRun, Selected: len(pg.Keys), More: pg.Next != nil, Limit: h.opts.BulkLimit}
+	filter := map[string]string{}
+	for k, v := range filterValues(f) {
+		filter[k] = v[0]
+	}
 	for i, k := range pg.Keys {
 		if i < 10 {
 			res.Sample = append(res.Sample, h.redacted(k))
@@ -182,7 +228,8 @@ func (h *Handler) bulkDo(ctx context.Context, actor, action string, f *atomicpha
 		if dryRun {
 			continue
 		}
-		if _, err := h.do(ctx, actor, &keyAction{Action: action, Scope: k.Scope, Key: k.Key}); err != nil {
+		a := &keyAction{Action: action, Scope: k.Scope, Key: k.Key, Note: "bulk " + action}
+		if _, err := h.do(ctx, actor, a, map[string]any{"bulk_filter": filter}); err != nil {
 			res.Failed++
 			if len(res.Failures) < 10 {
 				res.Failures = append(res.Failures, fmt.Sprintf("%s %s: %s", escapeControl(k.Scope), escapeControl(k.Key), escapeControl(err.Error())))

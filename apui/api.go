@@ -109,6 +109,15 @@ func (h *Handler) apiLookup(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, &lookupJSON{Key: h.redacted(m.Key), Phase: m.Phase})
 }
 
+func (h *Handler) apiAudit(w http.ResponseWriter, r *http.Request) {
+	trail, err := h.opts.Runner.AuditTrail(r.Context(), r.URL.Query().Get("scope"), r.URL.Query().Get("key"), 0)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"audit": trail})
+}
+
 func (h *Handler) apiKey(w http.ResponseWriter, r *http.Request) {
 	scope, key := r.URL.Query().Get("scope"), r.URL.Query().Get("key")
 	if key == "" {
@@ -144,7 +153,7 @@ func (h *Handler) apiKeyAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.Action = r.PathValue("action")
-	done, err := h.do(r.Context(), h.opts.Actor(r), a)
+	done, err := h.do(r.Context(), h.opts.Actor(r), a, nil)
 	if err != nil {
 		writeError(w, statusOf(err), err)
 		return

@@ -145,6 +145,11 @@ func TestResumeForgetAndResolveFromTheKeyPage(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, "Forgotten")
 	require.False(t, b.exists(t, "alice", "finished-1"))
+	trail, err := b.runner.AuditTrail(b.ctx, "alice", "finished-1", 0)
+	require.NoError(t, err)
+	require.Len(t, trail, 1, "the trail outlives the key")
+	require.Equal(t, "console", trail[0].Actor)
+	require.Equal(t, "forget", trail[0].Action)
 	// An unfinished one cannot be forgotten.
 	code, body = b.post(t, "/key", url.Values{"csrf": {tok}, "action": {"forget"}, "scope": {"erin"}, "key": {"hostile-1"}})
 	require.Equal(t, http.StatusConflict, code, body)
@@ -171,6 +176,11 @@ func TestResumeForgetAndResolveFromTheKeyPage(t *testing.T) {
 	require.Contains(t, body, "Resumed")
 	require.Equal(t, calls, *b.labels, "the label was not bought twice")
 	require.Equal(t, atomicphase.KeyFinished, b.inspect(t, "frank", "unknown-1").Status)
+
+	_, body = b.get(t, "/key?scope=frank&key=unknown-1")
+	txt := text(body)
+	require.Regexp(t, `Audit trail .* console resume .*resumed.* console resolve label service support confirmed lbl-1 .*happened&#34;: true`, txt,
+		"both actions, newest first, with who and what")
 }
 
 // cookieToken reads the console's form token from the client's cookie jar.
@@ -206,6 +216,11 @@ func TestBulkUnparkDryRunThenConfirm(t *testing.T) {
 	require.Contains(t, text(body), "unpark: 3 done, 0 refused")
 	for _, k := range []string{"parked-1", "parked-2", "parked-3"} {
 		require.Equal(t, atomicphase.KeyAbandoned, b.inspect(t, "bob", k).Status)
+		trail, err := b.runner.AuditTrail(b.ctx, "bob", k, 0)
+		require.NoError(t, err)
+		require.Len(t, trail, 1)
+		require.Equal(t, "unpark", trail[0].Action)
+		require.JSONEq(t, `{"done":"unparked","bulk_filter":{"status":"parked","scope":"bob"}}`, string(trail[0].Detail))
 	}
 	require.Equal(t, atomicphase.KeyParked, b.inspect(t, "dave", "parked-4").Status, "another scope's key is untouched")
 

@@ -217,6 +217,8 @@ type keyData struct {
 	// Registered is false when this process does not know the key's
 	// workflow: its phases cannot be listed, and resume only schedules it.
 	Registered bool
+	// Audit is the key's audit trail, newest first.
+	Audit []*atomicphase.AuditEntry
 }
 
 // phaseMark is a phase on a key's page: done (committed), next (where the
@@ -245,6 +247,10 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) {
 	}
 	d := &keyData{Key: h.redacted(k)}
 	d.Phases, d.Registered = h.phaseMarks(k)
+	if d.Audit, err = h.opts.Runner.AuditTrail(r.Context(), scope, key, 0); err != nil {
+		h.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
 	h.render(w, r, http.StatusOK, "key", &page{Title: "Key " + escapeControl(key), Data: d, Notice: notice(r)})
 }
 

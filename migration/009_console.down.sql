@@ -1,5 +1,7 @@
--- Back to migration 006: the console's index, the verdict's result and
--- atomicphase_record_verdict go; atomicphase_record_resolution is 006's again.
+-- Back to migration 006: the audit trail, the console's index, the verdict's
+-- result and atomicphase_record_verdict go; atomicphase_record_resolution is
+-- 006's again.
+DROP TABLE /* TEMPLATE: schema */atomicphase_audit;
 CREATE OR REPLACE FUNCTION /* TEMPLATE: schema */atomicphase_record_resolution(
     p_scope text, p_key text, p_happened boolean, p_note text, p_lock_timeout_us bigint
 ) RETURNS SETOF text LANGUAGE plpgsql AS $$

@@ -7,6 +7,7 @@ import "context"
 // each; keep the list in step with the newest migration.
 var schemaObjects = []struct{ kind, name string }{
 	{"table", "idempotency_keys"},
+	{"table", "atomicphase_audit"},
 	{"column", "idempotency_keys.unknown_at"},
 	{"column", "idempotency_keys.resolved_result"},
 	{"function", "atomicphase_acquire(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)"},

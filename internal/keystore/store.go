@@ -73,7 +73,8 @@ type statements struct {
 	acquire, peek, record, ownedBy, take, release, checkpoint, takeVerdict,
 	inspect, list, unpark, forget, recordResolution,
 	abandoned, unknownWorkflows, reap,
-	levels, recentTrouble, page, pageUnfinished, scopeKeys string
+	levels, recentTrouble, page, pageUnfinished, scopeKeys,
+	recordAudit, auditTrail string
 }
 
 // New returns the Store for schema ("" for the search_path) and lockTimeout.
@@ -102,6 +103,8 @@ func New(schema string, lockTimeout time.Duration) *Store {
 		page:             r(pageSQL),
 		pageUnfinished:   r(pageUnfinishedSQL),
 		scopeKeys:        r(scopeKeysSQL),
+		recordAudit:      r(recordAuditSQL),
+		auditTrail:       r(auditTrailSQL),
 	}}
 }
 
