@@ -42,10 +42,20 @@ The response body is shown as text when it is UTF-8, and as base64 otherwise
 				if err != nil {
 					return err
 				}
-				if asJSON {
-					return writeJSONLine(c.stdout, detail(info))
+				trail, err := r.AuditTrail(cmd.Context(), scope, key, 0)
+				if err != nil {
+					return err
 				}
-				return writeKeyDetail(c.stdout, info)
+				if asJSON {
+					d := detail(info)
+					d.Audit = trail
+					return writeJSONLine(c.stdout, d)
+				}
+				if err := writeKeyDetail(c.stdout, info); err != nil {
+					return err
+				}
+				writeAuditTrail(c.stdout, trail)
+				return nil
 			})
 		},
 	}

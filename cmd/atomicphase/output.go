@@ -42,6 +42,8 @@ type keyDetail struct {
 	LockExpiresIn *float64        `json:"lock_expires_in_seconds"`
 	State         json.RawMessage `json:"state"`
 	Response      *responseDetail `json:"response"`
+	// Audit is the key's audit trail, newest first.
+	Audit []*atomicphase.AuditEntry `json:"audit"`
 }
 
 // responseDetail is a stored response. The body is text when it is UTF-8

@@ -69,6 +69,13 @@ phases need stays empty).`),
 				case err != nil:
 					return err
 				}
+				detail := map[string]any{"happened": happened}
+				if cmd.Flags().Changed("result") {
+					detail["result"] = json.RawMessage(result)
+				}
+				if err := c.audit(cmd.Context(), r, scope, key, "resolve", note, detail); err != nil {
+					return err
+				}
 				verdict := "did not happen: the call will be made"
 				if happened {
 					verdict = "happened: the request goes on without making the call again"
