@@ -80,8 +80,10 @@
 //     (recovery_point.go).
 //
 // Beside the path: resume.go (Resume), inspect.go (Inspect), operator.go
-// (ListKeys, Unpark, Forget, RecordResolution), sweep.go (the Sweeper and
-// Reap), classify.go (what a store or phase error means), errors.go,
+// (ListKeys, Unpark, Forget, RecordResolution), console.go (KeyLevels,
+// ListKeyPage and the rest an operator's console reads; the apui package
+// serves one), audit.go (the operators' audit trail), downstream_lookup.go
+// (FindDownstreamKey), sweep.go (the Sweeper and Reap), classify.go (what a store or phase error means), errors.go,
 // config.go, observer.go, fault.go, migrate.go and citus.go. The "code,
 // file by file" section of docs/concepts.md walks it in more detail.
 //
