@@ -16,7 +16,8 @@ import (
 // who can name only its own scope can find only its own keys.
 
 // DownstreamMatch is what FindDownstreamKey found: the key, and the phase
-// whose foreign call sent the downstream key.
+// whose foreign call sent the downstream key, by the name its downstream
+// keys are derived from (its oldest, for a renamed phase: WithFormerNames).
 type DownstreamMatch struct {
 	Key   *KeyInfo
 	Phase string
@@ -36,18 +37,48 @@ var ErrDownstreamKeyNotFound = errors.New("atomicphase: no key of the scope sent
 // webhook lets you name. It returns ErrDownstreamKeyNotFound when no key
 // matches.
 func (r *Runner) FindDownstreamKey(ctx context.Context, scope, reference string) (*DownstreamMatch, error) {
+	return r.findDownstream(ctx, scope, reference, func(workflow string) []string {
+		wf, ok := r.workflow(workflow)
+		if !ok {
+			return nil
+		}
+		var names []string
+		for _, st := range wf.phaseSteps() {
+			if st.call != nil {
+				names = append(names, st.downstreamName)
+			}
+		}
+		return names
+	})
+}
+
+// FindDownstreamKeyOf is FindDownstreamKey for a process that does not
+// have the workflow's code (the CLI): it hashes the keys of scope that
+// belong to workflow with the foreign phases named (each by its oldest
+// name, the one its downstream keys are derived from).
+func (r *Runner) FindDownstreamKeyOf(ctx context.Context, scope, reference, workflow string, phases ...string) (*DownstreamMatch, error) {
+	if workflow == "" || len(phases) == 0 {
+		return nil, errors.New("atomicphase: FindDownstreamKeyOf needs the workflow and its foreign phases' names")
+	}
+	return r.findDownstream(ctx, scope, reference, func(w string) []string {
+		if w != workflow {
+			return nil
+		}
+		return phases
+	})
+}
+
+// findDownstream hashes the keys of scope with the phases phasesOf names
+// for their workflow until one gives reference.
+func (r *Runner) findDownstream(ctx context.Context, scope, reference string, phasesOf func(workflow string) []string) (*DownstreamMatch, error) {
 	if scope == "" || reference == "" {
-		return nil, errors.New("atomicphase: FindDownstreamKey needs the scope and the downstream key")
+		return nil, errors.New("atomicphase: looking up a downstream key needs the scope and the downstream key")
 	}
 	var key, phase string
 	err := r.store.EachScopeKey(ctx, r.pool, scope, func(k keystore.ScopeKey) bool {
-		wf, ok := r.workflow(k.Workflow)
-		if !ok {
-			return true
-		}
-		for _, st := range wf.phaseSteps() {
-			if st.call != nil && downstreamKey(k.Salt, k.Workflow, scope, k.Key, st.downstreamName) == reference {
-				key, phase = k.Key, st.name
+		for _, name := range phasesOf(k.Workflow) {
+			if downstreamKey(k.Salt, k.Workflow, scope, k.Key, name) == reference {
+				key, phase = k.Key, name
 				return false
 			}
 		}

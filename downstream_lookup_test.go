@@ -60,6 +60,14 @@ func TestFindDownstreamKeyFromAWebhooksReference(t *testing.T) {
 	_, err = b.runner.FindDownstreamKey(b.ctx, "driver_1", "")
 	require.ErrorContains(t, err, "needs the scope and the downstream key")
 
+	m, err := atomicphase.NewRunner(b.db.Pool, nil)
+	require.NoError(t, err)
+	match, err := m.FindDownstreamKeyOf(b.ctx, "driver_1", ref, "payout", "pay")
+	require.NoError(t, err, "named by the workflow and phase, without the code")
+	require.Equal(t, "k", match.Key.Key)
+	_, err = m.FindDownstreamKeyOf(b.ctx, "driver_1", ref, "payout", "prepare")
+	require.ErrorIs(t, err, atomicphase.ErrDownstreamKeyNotFound)
+
 	// A process that does not know the workflow cannot hash its phases.
 	other, err := atomicphase.NewRunner(b.db.Pool, nil)
 	require.NoError(t, err)
