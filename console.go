@@ -52,9 +52,10 @@ func (r *Runner) KeyLevels(ctx context.Context, f *LevelFilter) ([]KeyLevel, err
 }
 
 // EstimateKeys returns the planner's estimate of how many keys the table
-// holds, finished or not, as of its last ANALYZE (0 before the first, and
-// on a Citus coordinator, which keeps no estimate of distributed tables):
-// a size without counting every row.
+// holds, finished or not, as of its last ANALYZE (autovacuum runs it): a
+// size without counting every row. It is -1 before the first ANALYZE (on
+// PostgreSQL 13 and older, 0), and on a Citus coordinator, which keeps no
+// estimate of distributed tables, 0 or -1.
 func (r *Runner) EstimateKeys(ctx context.Context) (int64, error) {
 	n, err := r.store.Estimate(ctx, r.pool)
 	if err != nil {

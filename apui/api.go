@@ -36,7 +36,8 @@ func writeError(w http.ResponseWriter, status int, err error) {
 // levelsJSON is GET api/levels's answer.
 type levelsJSON struct {
 	Levels []atomicphase.KeyLevel `json:"levels"`
-	// Estimate is the planner's estimate of all keys, finished included.
+	// Estimate is the planner's estimate of all keys, finished included;
+	// -1 before the key table's first ANALYZE.
 	Estimate int64                  `json:"estimate"`
 	Trouble  []*atomicphase.KeyInfo `json:"recent_trouble"`
 }

@@ -249,3 +249,16 @@ func TestNewHandlerRejectsBadOptions(t *testing.T) {
 	_, err = NewHandler(&Options{Runner: b.runner, Prefix: "console"})
 	require.ErrorContains(t, err, "must start with a slash")
 }
+
+// The finished keys are the planner's estimate, never a count: unknown
+// until the table is analysed, then what ANALYZE found.
+func TestOverviewEstimatesTheFinishedKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	_, body := b.get(t, "/")
+	require.Contains(t, text(body), "? finished (not estimated before the first ANALYZE)")
+	_, err := b.db.Pool.Exec(b.ctx, "ANALYZE idempotency_keys")
+	require.NoError(t, err)
+	_, body = b.get(t, "/")
+	require.Contains(t, text(body), "≈1 finished (the planner's estimate)", "seven keys, six of them unfinished")
+}

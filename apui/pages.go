@@ -152,7 +152,10 @@ func (h *Handler) overviewData(r *http.Request) (*overviewData, error) {
 	if d.Estimate, err = rn.EstimateKeys(ctx); err != nil {
 		return nil, err
 	}
-	d.FinishedApprox = max(d.Estimate-d.Unfinished, 0)
+	d.FinishedApprox = -1 // not estimated yet
+	if d.Estimate >= 0 {
+		d.FinishedApprox = max(d.Estimate-d.Unfinished, 0)
+	}
 	trouble, err := rn.RecentTrouble(ctx, nil, 10)
 	if err != nil {
 		return nil, err

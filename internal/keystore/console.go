@@ -42,10 +42,11 @@ func (s *Store) Levels(ctx context.Context, db DB, workflow, scope string) ([]Le
 
 // estimateSQL reads the planner's estimate of the key table's rows: what
 // the console shows for the finished keys, rather than counting them.
-const estimateSQL = `SELECT coalesce((SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass($1::text)), 0)`
+// reltuples is -1 until the table is first analysed (PostgreSQL 14 on).
+const estimateSQL = `SELECT coalesce((SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass($1::text)), -1)`
 
-// Estimate is the planner's estimate of the key table's rows (0 before the
-// table was first analysed).
+// Estimate is the planner's estimate of the key table's rows, or -1 before
+// the table was first analysed.
 func (s *Store) Estimate(ctx context.Context, db DB) (int64, error) {
 	var n int64
 	err := db.QueryRow(ctx, estimateSQL, qualifiedName(s.schema, Table)).Scan(&n)
