@@ -66,6 +66,13 @@ test/execmodes: postgres ## Run the core suite once per non-default pgx query ex
 	  ATOMICPHASE_TEST_EXEC_MODE=$$mode $(PLAIN) $(GO) test -count=1 . || exit 1; \
 	done
 
+# The previous release's core suite, its code from git history, against a
+# database this version migrated: an upgrade needs no stop
+# (internal/upgradetest, docs/operations.md "Upgrades").
+.PHONY: test/previous
+test/previous: postgres ## Run the previous release's core suite on this version's schema
+	ATOMICPHASE_TEST_PREVIOUS_RELEASE=1 $(PLAIN) $(GO) test -count=1 -timeout 20m ./internal/upgradetest
+
 # The oldest and newest supported PostgreSQL major versions; any of 14 to 18
 # can be named: make test/versions PG_VERSIONS="15 16 17".
 PG_VERSIONS := 14 18

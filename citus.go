@@ -3,6 +3,7 @@ package atomicphase
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
@@ -23,9 +24,13 @@ import (
 // search_path), in order: what MigrateOpts.Citus runs after the migrations
 // (skipping the first when the table is distributed already). Run them
 // yourself after your own migration tool applied the migrations (and again
-// after any migration that recreates a function).
-func CitusDistribution(schema string) []string {
-	return keystore.CitusDistribution(schema)
+// after any migration that recreates a function). It applies the same rules
+// to the schema name as Migrate, and renders nothing for a name they refuse.
+func CitusDistribution(schema string) ([]string, error) {
+	if err := checkSchemaName("schema", schema); err != nil {
+		return nil, fmt.Errorf("atomicphase: CitusDistribution: %w", err)
+	}
+	return keystore.CitusDistribution(schema), nil
 }
 
 // ErrNoCitus is returned by Migrate with MigrateOpts.Citus on a database

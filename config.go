@@ -20,6 +20,10 @@ const (
 	DefaultMaxAttempts       = 25
 	DefaultAttemptBackoff    = time.Second
 	DefaultMaxAttemptBackoff = time.Hour
+
+	DefaultMaxPathLength          = 2048
+	DefaultMaxResponseBytes       = 1 << 20
+	DefaultMaxResponseHeaderBytes = 8 << 10
 )
 
 // Config configures a Runner. A nil *Config means all defaults.
@@ -33,6 +37,22 @@ type Config struct {
 	// MaxKeyLength is the longest idempotency key accepted, in bytes (keys
 	// are printable ASCII). Defaults to 255.
 	MaxKeyLength int
+
+	// MaxPathLength is the longest Request.Path (path and query) accepted,
+	// in bytes: the path is stored with the key for its retention, so a
+	// longer one is refused with ErrTooLong (414 over HTTP) before anything
+	// is stored. Defaults to 2048.
+	MaxPathLength int
+
+	// MaxResponseBytes is the largest response body a phase may store with
+	// the key; a larger one fails the phase permanently (a bug to fix, not a
+	// request to retry). Defaults to 1 MiB.
+	MaxResponseBytes int
+
+	// MaxResponseHeaderBytes bounds the stored response headers, names and
+	// values together, as MaxResponseBytes bounds the body. Defaults to
+	// 8 KiB.
+	MaxResponseHeaderBytes int
 
 	// PhaseRetries is how many times a phase whose transaction met a
 	// serialization failure or deadlock is retried, with jittered
@@ -78,6 +98,14 @@ type Config struct {
 	// both are the user's data. Defaults to nil (logged as they are).
 	RedactKey func(scope, key string) (string, string)
 
+	// RedactError, if set, rewrites the text of an error before it is
+	// stored on a key (KeyInfo.LastError), logged, or handed to an
+	// Observer (Event.Err and the error a span ends with, whose Error
+	// returns the rewritten text while errors.Is and errors.As still see
+	// the original): phase errors may quote what the client sent, a card
+	// number say. Defaults to nil (kept as it is).
+	RedactError func(msg string) string
+
 	// Schema is the PostgreSQL schema that holds the key table and the
 	// functions, as given to Migrate (MigrateOpts.Schema). Defaults to ""
 	// (unqualified names, found through the connection's search_path).
@@ -112,6 +140,22 @@ func (c *Config) withDefaults() (Config, error) {
 		out.MaxKeyLength = DefaultMaxKeyLength
 	case out.MaxKeyLength < 0:
 		errs = append(errs, fmt.Errorf("Config.MaxKeyLength is %d; use a positive length, or 0 for the default %d", out.MaxKeyLength, DefaultMaxKeyLength))
+	}
+	for _, f := range []struct {
+		name string
+		v    *int
+		def  int
+	}{
+		{"MaxPathLength", &out.MaxPathLength, DefaultMaxPathLength},
+		{"MaxResponseBytes", &out.MaxResponseBytes, DefaultMaxResponseBytes},
+		{"MaxResponseHeaderBytes", &out.MaxResponseHeaderBytes, DefaultMaxResponseHeaderBytes},
+	} {
+		switch {
+		case *f.v == 0:
+			*f.v = f.def
+		case *f.v < 0:
+			errs = append(errs, fmt.Errorf("Config.%s is %d; use a positive size, or 0 for the default %d", f.name, *f.v, f.def))
+		}
 	}
 	switch {
 	case out.PhaseRetries == 0:

@@ -117,7 +117,7 @@ func TestConfigSchemaNameIsQuoted(t *testing.T) {
 	b := setupDB(t, unmigratedDBOpts, nil)
 	applied, err := atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{Schema: schema})
 	require.NoError(t, err)
-	require.Len(t, applied, len(atomicphase.Migrations(nil)))
+	require.Len(t, applied, len(migrations(t, nil)))
 	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM pg_namespace WHERE nspname = $1", schema))
 
 	runner, err := atomicphase.NewRunner(b.db.Pool, &atomicphase.Config{Schema: schema})
@@ -175,7 +175,7 @@ func TestSchemaNamesNeedingQuotes(t *testing.T) {
 		if _, err := r.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"}); err != nil {
 			t.Errorf("%q: replay: %v", schema, err)
 		}
-		ms := atomicphase.Migrations(&atomicphase.MigrateOpts{Schema: schema})
+		ms := migrations(t, &atomicphase.MigrateOpts{Schema: schema})
 		for i := len(ms) - 1; i >= 0; i-- {
 			if _, err := b.db.Pool.Exec(b.ctx, ms[i].Down); err != nil {
 				t.Errorf("%q: down %d: %v", schema, ms[i].Version, err)

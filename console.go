@@ -3,6 +3,7 @@ package atomicphase
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/atomicphase/atomicphase/internal/keystore"
@@ -167,8 +168,7 @@ func (r *Runner) WorkflowPhases(name string) ([]string, bool) {
 
 // checkStatus reports a status that is not a key status, naming field.
 func checkStatus(field string, s KeyStatus) error {
-	switch s {
-	case "", KeyInProgress, KeyStale, KeyAbandoned, KeyUnknown, KeyParked, KeyFinished:
+	if s == "" || slices.Contains(KeyStatuses(), s) {
 		return nil
 	}
 	return fmt.Errorf("atomicphase: %s %q is not a key status; use in_progress, stale, abandoned, unknown, parked or finished", field, s)

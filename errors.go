@@ -27,6 +27,10 @@ var (
 	// so a corrected request may reuse the key.
 	ErrInvalidRequest = errors.New("atomicphase: invalid request")
 
+	// ErrTooLong wraps ErrInvalidRequest for a request whose path is longer
+	// than Config.MaxPathLength: nothing was stored.
+	ErrTooLong = errors.New("atomicphase: request path too long")
+
 	// ErrInProgress means another attempt holds the key's lock. The error is
 	// an *InProgressError carrying a retry-after hint.
 	ErrInProgress = errors.New("atomicphase: request with this key is in progress")

@@ -2,7 +2,10 @@ package atomicphase
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -129,4 +132,121 @@ func scanPlainHeader(text []byte, add func(name [2]int, first, n int), value fun
 			return 0, 0, false
 		}
 	}
+}
+
+// The header policy of stored responses. A stored response is replayed to
+// whoever sends its key, so a header that belongs to one client (a cookie,
+// credentials) or to one connection (hop-by-hop headers) must not be
+// stored unless the workflow says it is safe; and since a stored value is
+// written back verbatim, it must be a value net/http would send as it is.
+
+// hopByHop are headers that describe one connection, or that net/http
+// computes for the response it writes: never stored.
+var hopByHop = map[string]bool{
+	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Transfer-Encoding": true,
+	"Upgrade": true, "Te": true, "Trailer": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
+	"Content-Length": true, "Date": true, "Idempotent-Replayed": true,
+}
+
+// perClient are headers that belong to the client a response was first
+// written for: stored only when WorkflowOpts.ReplayHeaders names them.
+var perClient = map[string]bool{
+	"Set-Cookie": true, "Set-Cookie2": true, "Cookie": true, "Authorization": true,
+	"Www-Authenticate": true, "Authentication-Info": true, "Clear-Site-Data": true,
+}
+
+// allowedHeaders checks WorkflowOpts.ReplayHeaders and returns the set.
+func allowedHeaders(names []string) (map[string]bool, error) {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	allowed := make(map[string]bool, len(names))
+	var errs []error
+	for _, n := range names {
+		c := http.CanonicalHeaderKey(n)
+		switch {
+		case !validHeaderName(n):
+			errs = append(errs, fmt.Errorf("WorkflowOpts.ReplayHeaders: %q is not a header name", n))
+		case hopByHop[c]:
+			errs = append(errs, fmt.Errorf("WorkflowOpts.ReplayHeaders: %s describes one connection (or net/http computes it) and is never stored", c))
+		default:
+			allowed[c] = true
+		}
+	}
+	return allowed, errors.Join(errs...)
+}
+
+// checkStoredHeader reports the first header of a response that the policy
+// refuses to store: a hop-by-hop or computed header, a per-client header
+// the workflow does not allow, or a name or value net/http would not send
+// as it is (control characters, CR or LF in a value).
+func checkStoredHeader(h http.Header, allowed map[string]bool) error {
+	for name, values := range h {
+		c := http.CanonicalHeaderKey(name)
+		switch {
+		case !validHeaderName(name):
+			return fmt.Errorf("response header %q is not a valid header name", name)
+		case hopByHop[c]:
+			return fmt.Errorf("response header %s describes one connection (or net/http computes it); it is never stored", c)
+		case perClient[c] && !allowed[c]:
+			return fmt.Errorf("response header %s belongs to one client, and a replay would hand it to whoever sends the key; "+
+				"name it in WorkflowOpts.ReplayHeaders only if that is safe", c)
+		}
+		for _, v := range values {
+			if !validHeaderValue(v) {
+				return fmt.Errorf("response header %s has a value with control characters (CR, LF, NUL, …), which net/http would not send as stored", c)
+			}
+		}
+	}
+	return nil
+}
+
+// replayHeader drops from a stored header what the policy refuses (rows
+// stored before the policy, or under another workflow's), so a replay never
+// carries it.
+func replayHeader(h http.Header, allowed map[string]bool) http.Header {
+	for name := range h {
+		c := http.CanonicalHeaderKey(name)
+		if hopByHop[c] || (perClient[c] && !allowed[c]) || !validHeaderName(name) {
+			delete(h, name)
+			continue
+		}
+		vs := h[name][:0]
+		for _, v := range h[name] {
+			if validHeaderValue(v) {
+				vs = append(vs, v)
+			}
+		}
+		if len(vs) == 0 {
+			delete(h, name)
+		} else {
+			h[name] = vs
+		}
+	}
+	return h
+}
+
+// validHeaderName reports an RFC 9110 token.
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// validHeaderValue reports a field value without control characters
+// other than horizontal tab.
+func validHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }

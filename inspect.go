@@ -20,7 +20,7 @@ type KeyInfo struct {
 	RequestPath   string
 	Fingerprint   []byte
 	// Status is where the key stands: in progress, stale, abandoned,
-	// parked or finished.
+	// unknown, parked or finished (KeyStatuses).
 	Status KeyStatus
 	// Locked is true while the key's lock is set, held by a live attempt
 	// (Status KeyInProgress) or left by a dead or slow one (KeyStale).
@@ -86,6 +86,12 @@ const (
 	// KeyFinished: the response is stored and replayed.
 	KeyFinished KeyStatus = keystore.StatusFinished
 )
+
+// KeyStatuses returns every KeyStatus, in the order a key may pass
+// through them.
+func KeyStatuses() []KeyStatus {
+	return []KeyStatus{KeyInProgress, KeyStale, KeyAbandoned, KeyUnknown, KeyParked, KeyFinished}
+}
 
 // Inspect reads a key's stored row without locking or changing it, for
 // operators and tests. A key never recorded returns ErrKeyNotFound.

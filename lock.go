@@ -88,7 +88,7 @@ func (r *Runner) release(ctx context.Context, scope, key string, token int64, wh
 	defer cancel()
 	rel := keystore.Release{Scope: scope, Key: key, Token: token, Park: park, Unknown: unknown}
 	if why != nil {
-		m := boundedError(why)
+		m := boundedError(r.redactError(why))
 		rel.Error = &m
 		if !park {
 			us := retryIn.Microseconds()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/atomicphase/atomicphase/internal/keystore"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 //go:embed migration/*.sql
@@ -55,9 +56,14 @@ func (o *MigrateOpts) schema() string {
 
 // Migrations returns the package's migrations in version order, their SQL
 // written for opts.Schema. Use it to feed your own migration tool; schema.sql
-// holds the same SQL, for the default schema, in one file.
-func Migrations(opts *MigrateOpts) []Migration {
+// holds the same SQL, for the default schema, in one file. It applies the
+// same rules to the schema name as Migrate and NewRunner, and renders
+// nothing for a name they refuse.
+func Migrations(opts *MigrateOpts) ([]Migration, error) {
 	schema := opts.schema()
+	if err := checkSchemaName("MigrateOpts.Schema", schema); err != nil {
+		return nil, fmt.Errorf("atomicphase: %w", err)
+	}
 	byVersion := map[int]*Migration{}
 	entries, _ := fs.ReadDir(migrationFS, "migration")
 	for _, e := range entries {
@@ -85,7 +91,7 @@ func Migrations(opts *MigrateOpts) []Migration {
 		out = append(out, *m)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
-	return out
+	return out, nil
 }
 
 // Beginner is what Migrate needs from a database handle: *pgxpool.Pool,
@@ -104,10 +110,13 @@ const migrateLockID = 0x61746f6d69637068
 // transaction-scoped advisory lock makes them take turns, and each re-reads
 // what is applied after taking it. It returns the versions it applied. opts
 // may be nil for the defaults; with opts.Citus it then distributes the key
-// table and its functions on a Citus coordinator.
+// table and its functions on a Citus coordinator. A migration that builds
+// indexes concurrently runs outside a transaction (see migrate_online.go),
+// and needs db to be a *pgxpool.Pool or a *pgx.Conn.
 func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error) {
-	if err := checkSchemaName("MigrateOpts.Schema", opts.schema()); err != nil {
-		return nil, fmt.Errorf("atomicphase: %w", err)
+	migrations, err := Migrations(opts)
+	if err != nil {
+		return nil, err
 	}
 	if opts != nil && opts.Citus {
 		if err := checkCitus(ctx, db); err != nil {
@@ -115,7 +124,7 @@ func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error)
 		}
 	}
 	var applied []int
-	for _, m := range Migrations(opts) {
+	for _, m := range migrations {
 		done, err := applyMigration(ctx, db, opts.schema(), m)
 		if err != nil {
 			return applied, fmt.Errorf("atomicphase: migration %03d_%s: %w", m.Version, m.Name, err)
@@ -133,8 +142,12 @@ func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error)
 }
 
 // applyMigration applies m in a transaction of its own unless the ledger in
-// schema says it is applied, and reports whether it applied it.
+// schema says it is applied, and reports whether it applied it. A
+// migration marked to run outside a transaction goes to applyOnline.
 func applyMigration(ctx context.Context, db Beginner, schema string, m Migration) (bool, error) {
+	if online(m) {
+		return applyOnline(ctx, db, schema, m)
+	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return false, err
@@ -143,23 +156,8 @@ func applyMigration(ctx context.Context, db Beginner, schema string, m Migration
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLockID)); err != nil {
 		return false, err
 	}
-	if schema != "" {
-		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
-			return false, err
-		}
-	}
-	if _, err := tx.Exec(ctx, keystore.Render(`CREATE TABLE IF NOT EXISTS /* TEMPLATE: schema */atomicphase_migration (
-		version    integer     PRIMARY KEY,
-		name       text        NOT NULL,
-		applied_at timestamptz NOT NULL DEFAULT now())`, schema)); err != nil {
+	if done, err := inLedger(ctx, tx, schema, m); done || err != nil {
 		return false, err
-	}
-	var exists bool
-	if err := tx.QueryRow(ctx, keystore.Render("SELECT EXISTS (SELECT FROM /* TEMPLATE: schema */atomicphase_migration WHERE version = $1)", schema), m.Version).Scan(&exists); err != nil {
-		return false, err
-	}
-	if exists {
-		return false, nil
 	}
 	// One statement at a time: Citus forwards some DDL on a distributed
 	// table (ALTER TABLE, CREATE INDEX) to the workers as the text the
@@ -169,10 +167,41 @@ func applyMigration(ctx context.Context, db Beginner, schema string, m Migration
 			return false, err
 		}
 	}
-	if _, err := tx.Exec(ctx, keystore.Render("INSERT INTO /* TEMPLATE: schema */atomicphase_migration (version, name) VALUES ($1, $2)", schema), m.Version, m.Name); err != nil {
+	if err := record(ctx, tx, schema, m); err != nil {
 		return false, err
 	}
 	return true, tx.Commit(ctx)
+}
+
+// execQuerier runs statements: a transaction or a connection.
+type execQuerier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// inLedger makes the schema and the migration ledger if need be, and
+// reports whether the ledger has m.
+func inLedger(ctx context.Context, q execQuerier, schema string, m Migration) (bool, error) {
+	if schema != "" {
+		if _, err := q.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
+			return false, err
+		}
+	}
+	if _, err := q.Exec(ctx, keystore.Render(`CREATE TABLE IF NOT EXISTS /* TEMPLATE: schema */atomicphase_migration (
+		version    integer     PRIMARY KEY,
+		name       text        NOT NULL,
+		applied_at timestamptz NOT NULL DEFAULT now())`, schema)); err != nil {
+		return false, err
+	}
+	var exists bool
+	err := q.QueryRow(ctx, keystore.Render("SELECT EXISTS (SELECT FROM /* TEMPLATE: schema */atomicphase_migration WHERE version = $1)", schema), m.Version).Scan(&exists)
+	return exists, err
+}
+
+// record adds m to the ledger.
+func record(ctx context.Context, q execQuerier, schema string, m Migration) error {
+	_, err := q.Exec(ctx, keystore.Render("INSERT INTO /* TEMPLATE: schema */atomicphase_migration (version, name) VALUES ($1, $2)", schema), m.Version, m.Name)
+	return err
 }
 
 // splitStatements splits a migration's SQL into its statements, at the

@@ -21,7 +21,7 @@ func TestSchemaFileMatchesMigrations(t *testing.T) {
 	schema, err := os.ReadFile("schema.sql")
 	require.NoError(t, err)
 	var ups []string
-	for _, m := range atomicphase.Migrations(nil) {
+	for _, m := range migrations(t, nil) {
 		ups = append(ups, m.Up)
 	}
 	require.True(t, strings.HasSuffix(string(schema), strings.Join(ups, "\n")),
@@ -49,7 +49,7 @@ func TestMigrateIsIdempotentAndConcurrencySafe(t *testing.T) {
 		require.NoError(t, errs[i])
 		total += len(applied[i])
 	}
-	require.Equal(t, len(atomicphase.Migrations(nil)), total, "each migration is applied exactly once")
+	require.Equal(t, len(migrations(t, nil)), total, "each migration is applied exactly once")
 
 	again, err := atomicphase.Migrate(ctx, db.Pool, nil)
 	require.NoError(t, err)
@@ -64,7 +64,7 @@ func TestMigrationsGoDownAndUpAgain(t *testing.T) {
 	atomicphasetest.SkipOnCitus(t, "it cannot plan migration 003's down check, EXISTS (SELECT FROM a distributed table) with an empty select list")
 	db := atomicphasetest.NewDB(t, nil)
 	ctx := t.Context()
-	migrations := atomicphase.Migrations(nil)
+	migrations := migrations(t, nil)
 	for i := len(migrations) - 1; i >= 0; i-- {
 		_, err := db.Pool.Exec(ctx, migrations[i].Down)
 		require.NoError(t, err)
@@ -74,7 +74,7 @@ func TestMigrationsGoDownAndUpAgain(t *testing.T) {
 	require.NoError(t, err)
 	applied, err := atomicphase.Migrate(ctx, db.Pool, nil)
 	require.NoError(t, err)
-	require.Equal(t, migrationVersions(), applied)
+	require.Equal(t, migrationVersions(t), applied)
 	require.Equal(t, allObjects, schemaObjects(t, db.Pool, "public"))
 	runner, err := atomicphase.NewRunner(db.Pool, nil)
 	require.NoError(t, err)
@@ -108,9 +108,9 @@ func schemaObjects(t *testing.T, pool *pgxpool.Pool, schema string) []string {
 	return names
 }
 
-func migrationVersions() []int {
+func migrationVersions(t testing.TB) []int {
 	var vs []int
-	for _, m := range atomicphase.Migrations(nil) {
+	for _, m := range migrations(t, nil) {
 		vs = append(vs, m.Version)
 	}
 	return vs
@@ -123,7 +123,7 @@ func TestLaterMigrationsGoDownAndUpAgain(t *testing.T) {
 	t.Parallel()
 	atomicphasetest.SkipOnCitus(t, "it cannot plan migration 003's down check, EXISTS (SELECT FROM a distributed table) with an empty select list")
 	b := setup(t, nil)
-	migrations := atomicphase.Migrations(nil)
+	migrations := migrations(t, nil)
 	require.GreaterOrEqual(t, len(migrations), 3)
 	require.Equal(t, "stale_lock_rule", migrations[1].Name)
 	wf := atomicphase.MustWorkflow("one", startEmpty[struct{}], []atomicphase.Phase[struct{}]{atomicphase.Local("only", respondOK)}, nil)
@@ -165,7 +165,7 @@ func TestLaterMigrationsGoDownAndUpAgain(t *testing.T) {
 func TestMigrationsRenderSchema(t *testing.T) {
 	t.Parallel()
 	for _, opts := range []*atomicphase.MigrateOpts{nil, {}, {Schema: "x"}} {
-		for _, m := range atomicphase.Migrations(opts) {
+		for _, m := range migrations(t, opts) {
 			for _, sql := range []string{m.Up, m.Down} {
 				require.NotEmpty(t, sql)
 				require.NotContains(t, sql, "/* TEMPLATE", "migration %03d for %+v", m.Version, opts)
@@ -177,7 +177,7 @@ func TestMigrationsRenderSchema(t *testing.T) {
 			}
 		}
 	}
-	up := atomicphase.Migrations(&atomicphase.MigrateOpts{Schema: "x"})[0].Up
+	up := migrations(t, &atomicphase.MigrateOpts{Schema: "x"})[0].Up
 	for _, name := range []string{`"x".idempotency_keys`, `"x".atomicphase_acquire`, `"x".atomicphase_checkpoint`} {
 		require.Contains(t, up, name)
 	}
@@ -194,7 +194,7 @@ func TestMigrateIntoSchema(t *testing.T) {
 	opts := &atomicphase.MigrateOpts{Schema: "billing"}
 	applied, err := atomicphase.Migrate(ctx, db.Pool, opts)
 	require.NoError(t, err)
-	require.Equal(t, migrationVersions(), applied)
+	require.Equal(t, migrationVersions(t), applied)
 
 	require.Equal(t, allObjects, schemaObjects(t, db.Pool, "billing"))
 	require.Empty(t, schemaObjects(t, db.Pool, "public"))
@@ -202,7 +202,7 @@ func TestMigrateIntoSchema(t *testing.T) {
 	require.NoError(t, err)
 	ledger, err := pgx.CollectRows(rows, pgx.RowTo[int])
 	require.NoError(t, err)
-	require.Equal(t, migrationVersions(), ledger)
+	require.Equal(t, migrationVersions(t), ledger)
 	var publicLedger *string
 	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT to_regclass('public.atomicphase_migration')::text").Scan(&publicLedger))
 	require.Nil(t, publicLedger, "the ledger lives in the schema too")
@@ -211,7 +211,7 @@ func TestMigrateIntoSchema(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, again)
 
-	migrations := atomicphase.Migrations(opts)
+	migrations := migrations(t, opts)
 	for i := len(migrations) - 1; i >= 0; i-- {
 		_, err := db.Pool.Exec(ctx, migrations[i].Down)
 		require.NoError(t, err)
@@ -266,7 +266,7 @@ func TestMigration003DownRefusesWhileSaltedKeysAreUnfinished(t *testing.T) {
 	}, nil)
 	_, err := b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"})
 	require.Error(t, err)
-	migrations := atomicphase.Migrations(nil)
+	migrations := migrations(t, nil)
 	for i := len(migrations) - 1; migrations[i].Version > 3; i-- {
 		_, err = b.db.Pool.Exec(b.ctx, migrations[i].Down)
 		require.NoError(t, err)
@@ -295,7 +295,7 @@ func TestCheckSchemaNamesWhatIsMissing(t *testing.T) {
 	require.False(t, errors.Is(err, atomicphase.ErrStoreUnavailable), "the store answered: %v", err)
 
 	// Half a schema: only what is missing is named.
-	_, err = b.db.Pool.Exec(b.ctx, atomicphase.Migrations(nil)[0].Up)
+	_, err = b.db.Pool.Exec(b.ctx, migrations(t, nil)[0].Up)
 	require.NoError(t, err)
 	err = b.runner.CheckSchema(b.ctx)
 	require.ErrorIs(t, err, atomicphase.ErrSchemaMissing)
@@ -339,4 +339,29 @@ func TestUnmigratedDatabaseIsSchemaMissing(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.runner.Run(b.ctx, wf, orderRequest("u", "k"))
 	require.NoError(t, err, "the same Runner works once the database is migrated")
+}
+
+// migrations is atomicphase.Migrations(opts), which must succeed.
+func migrations(t testing.TB, opts *atomicphase.MigrateOpts) []atomicphase.Migration {
+	t.Helper()
+	ms, err := atomicphase.Migrations(opts)
+	require.NoError(t, err)
+	return ms
+}
+
+// Every entry point that renders SQL refuses what Migrate and NewRunner
+// refuse: a schema name holding $ (the function bodies are dollar-quoted,
+// so text after it would run as SQL) or naming a system schema.
+func TestEveryRendererAppliesTheSchemaNameRules(t *testing.T) {
+	t.Parallel()
+	for _, schema := range []string{"x$$; CREATE TABLE public.injected(); $$", "pg_catalog", "tab\tx\x01"} {
+		ms, err := atomicphase.Migrations(&atomicphase.MigrateOpts{Schema: schema})
+		require.Error(t, err, schema)
+		require.Nil(t, ms, "nothing is rendered for %q", schema)
+		stmts, err := atomicphase.CitusDistribution(schema)
+		require.Error(t, err, schema)
+		require.Nil(t, stmts, "nothing is rendered for %q", schema)
+		_, err = atomicphase.NewRunner(nil, &atomicphase.Config{Schema: schema})
+		require.Error(t, err)
+	}
 }

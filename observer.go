@@ -68,6 +68,14 @@ const (
 	EventUnknownWorkflow EventKind = "sweep.unknown_workflow"
 )
 
+// EventKinds returns every EventKind, in the order the docs list them.
+func EventKinds() []EventKind {
+	return []EventKind{EventCreated, EventReplay, EventInProgress, EventKeyMisuse, EventFailedRetry, EventTakeover,
+		EventOverLimit, EventUnknown, EventStoreError, EventPhaseCommitted, EventPhaseFailed, EventLockLost, EventParked,
+		EventReconcileScheduled, EventReconcileHappened, EventReconcileNotHappened, EventReconcileFailed,
+		EventZombieKey, EventTTLPruned, EventUnknownWorkflow}
+}
+
 // Event is one decision, with what it concerns. Scope and Key are given as
 // Config.RedactKey left them.
 type Event struct {
@@ -135,6 +143,7 @@ func (r *Runner) observe(ctx context.Context, e Event) {
 		return
 	}
 	e.Scope, e.Key = r.redact(e.Scope, e.Key)
+	e.Err = r.redactError(e.Err)
 	r.cfg.Observer.Observe(ctx, e)
 }
 
@@ -144,7 +153,11 @@ func (r *Runner) span(ctx context.Context, s Span) (context.Context, func(error)
 		return ctx, noEnd
 	}
 	s.Scope, s.Key = r.redact(s.Scope, s.Key)
-	return r.cfg.Observer.StartSpan(ctx, s)
+	ctx, end := r.cfg.Observer.StartSpan(ctx, s)
+	if r.cfg.RedactError == nil {
+		return ctx, end
+	}
+	return ctx, func(err error) { end(r.redactError(err)) }
 }
 
 func noEnd(error) {}
@@ -163,5 +176,31 @@ func (r *Runner) logKey(ctx context.Context, level slog.Level, msg, workflow, sc
 		return
 	}
 	scope, key = r.redact(scope, key)
+	if r.cfg.RedactError != nil {
+		for i, a := range args {
+			if err, ok := a.(error); ok {
+				args[i] = r.redactError(err)
+			}
+		}
+	}
 	r.cfg.Logger.Log(ctx, level, msg, append([]any{"workflow", workflow, "scope", scope, "key", key}, args...)...)
 }
+
+// redactError is err with its text as Config.RedactError rewrites it; nil
+// and unredacted configurations leave err as it is.
+func (r *Runner) redactError(err error) error {
+	if err == nil || r.cfg.RedactError == nil {
+		return err
+	}
+	return &redactedError{msg: r.cfg.RedactError(err.Error()), err: err}
+}
+
+// redactedError shows redacted text and unwraps to the original error, so
+// what callers branch on still holds.
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }

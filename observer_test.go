@@ -1,8 +1,12 @@
 package atomicphase_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -243,4 +247,72 @@ func TestObserverSeesTheSweep(t *testing.T) {
 	require.Equal(t, 1, res.UnknownWorkflow)
 	require.Equal(t, []atomicphase.EventKind{atomicphase.EventUnknownWorkflow, atomicphase.EventTakeover,
 		atomicphase.EventPhaseCommitted, atomicphase.EventPhaseCommitted, atomicphase.EventZombieKey}, rec.take())
+}
+
+// RedactError rewrites error text on every path it leaves by: the stored
+// last error, the log, the events and the spans; what callers branch on
+// (errors.Is) still holds.
+func TestRedactErrorCoversEveryPath(t *testing.T) {
+	t.Parallel()
+	const card = "4242424242424242"
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	var seen []string
+	var sentinelSeen bool
+	sentinel := errors.New("card refused")
+	obs := &recordingObserver{
+		observe: func(e atomicphase.Event) {
+			mu.Lock()
+			defer mu.Unlock()
+			if e.Err != nil {
+				seen = append(seen, e.Err.Error())
+				sentinelSeen = sentinelSeen || errors.Is(e.Err, sentinel)
+			}
+		},
+		end: func(err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				seen = append(seen, err.Error())
+			}
+		},
+	}
+	b := setup(t, &atomicphase.Config{
+		Logger:      slog.New(slog.NewTextHandler(&logs, nil)),
+		Observer:    obs,
+		RedactError: func(msg string) string { return strings.ReplaceAll(msg, card, "[card]") },
+	})
+	wf := atomicphase.MustWorkflow("redacted", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
+		atomicphase.Local("charge", func(context.Context, atomicphase.Tx, *struct{}) (atomicphase.Outcome, error) {
+			return atomicphase.Outcome{}, atomicphase.Permanent(fmt.Errorf("%w: card %s", sentinel, card))
+		}),
+	}, nil)
+	_, err := b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "s", Key: "k", Method: "POST", Path: "/"})
+	require.ErrorIs(t, err, sentinel, "the caller still gets the error as it was")
+	info, err := b.runner.Inspect(b.ctx, "s", "k")
+	require.NoError(t, err)
+	require.NotNil(t, info.LastError)
+	require.Contains(t, *info.LastError, "[card]")
+	require.NotContains(t, *info.LastError, card, "the stored error is redacted")
+	require.Contains(t, logs.String(), "[card]")
+	require.NotContains(t, logs.String(), card, "the log is redacted")
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotEmpty(t, seen)
+	for _, s := range seen {
+		require.NotContains(t, s, card, "events and spans are redacted")
+	}
+	require.True(t, sentinelSeen, "an observer's errors.Is still sees the original")
+}
+
+// recordingObserver hands its events and span ends to functions.
+type recordingObserver struct {
+	observe func(atomicphase.Event)
+	end     func(error)
+}
+
+func (o *recordingObserver) Observe(_ context.Context, e atomicphase.Event) { o.observe(e) }
+
+func (o *recordingObserver) StartSpan(ctx context.Context, _ atomicphase.Span) (context.Context, func(error)) {
+	return ctx, o.end
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/atomicphase/atomicphase/internal/keystore"
@@ -41,9 +42,7 @@ func (r *Runner) ListKeys(ctx context.Context, f *KeyFilter) ([]*KeyInfo, error)
 	if f == nil {
 		f = &KeyFilter{}
 	}
-	switch f.Status {
-	case "", KeyInProgress, KeyStale, KeyAbandoned, KeyUnknown, KeyParked, KeyFinished:
-	default:
+	if f.Status != "" && !slices.Contains(KeyStatuses(), f.Status) {
 		return nil, fmt.Errorf("atomicphase: KeyFilter.Status %q is not a key status; use in_progress, stale, abandoned, unknown, parked or finished", f.Status)
 	}
 	limit := f.Limit

@@ -102,6 +102,9 @@ func (a *attempt) route(idx int, st *step, out Outcome, state []byte) (phaseResu
 		if out.resp.Status < 200 || out.resp.Status > 599 {
 			return res, nil, Permanent(fmt.Errorf("phase responded with status %d; a final response is 200-599", out.resp.Status))
 		}
+		if err := a.r.cfg.checkStoredResponse(&out.resp, a.wf.replayable()); err != nil {
+			return res, nil, Permanent(err)
+		}
 		resp := out.resp
 		res.resp = &resp
 		cp := &checkpoint{point: RecoveryPointFinished, resp: &resp}
@@ -124,4 +127,23 @@ func (a *attempt) route(idx int, st *step, out Outcome, state []byte) (phaseResu
 		res.nextIdx = idx + 1
 		return res, &checkpoint{point: st.name, state: state}, nil
 	}
+}
+
+// checkStoredResponse checks a response before it is stored: its header
+// against the policy (checkStoredHeader), and its size against the
+// configured bounds.
+func (c *Config) checkStoredResponse(resp *Response, allowed map[string]bool) error {
+	if len(resp.Body) > c.MaxResponseBytes {
+		return fmt.Errorf("the response body is %d bytes; at most %d may be stored with a key (Config.MaxResponseBytes)", len(resp.Body), c.MaxResponseBytes)
+	}
+	n := 0
+	for name, values := range resp.Header {
+		for _, v := range values {
+			n += len(name) + len(v)
+		}
+	}
+	if n > c.MaxResponseHeaderBytes {
+		return fmt.Errorf("the response header is %d bytes; at most %d may be stored with a key (Config.MaxResponseHeaderBytes)", n, c.MaxResponseHeaderBytes)
+	}
+	return checkStoredHeader(resp.Header, allowed)
 }

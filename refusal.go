@@ -18,8 +18,8 @@ func (r *Runner) storeFailed(ctx context.Context, wf AnyWorkflow, req *Request, 
 // refused explains, and reports, an acquisition that did not take the
 // key: a key first used with another request, a finished key (replayed), a
 // new key over its scope's limit, or a key another attempt holds.
-func (r *Runner) refused(ctx context.Context, row *keystore.Row, mismatch bool, workflow string, req *Request) (*Response, error) {
-	e := Event{Workflow: workflow, Scope: req.Scope, Key: req.Key}
+func (r *Runner) refused(ctx context.Context, row *keystore.Row, mismatch bool, wf AnyWorkflow, req *Request) (*Response, error) {
+	e := Event{Workflow: wf.Name(), Scope: req.Scope, Key: req.Key}
 	var resp *Response
 	var err error
 	switch {
@@ -28,7 +28,9 @@ func (r *Runner) refused(ctx context.Context, row *keystore.Row, mismatch bool, 
 	case row.ResponseStatus != nil:
 		e.Kind = EventReplay
 		resp = &Response{Status: *row.ResponseStatus, Body: row.ResponseBody, Replayed: true}
-		if resp.Header, err = decodeHeader(row.ResponseHeader); err != nil {
+		if resp.Header, err = decodeHeader(row.ResponseHeader); err == nil {
+			resp.Header = replayHeader(resp.Header, wf.replayable())
+		} else {
 			e.Kind, resp = EventStoreError, nil
 			err = storeError("decode the stored response's header", err)
 		}

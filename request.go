@@ -29,10 +29,22 @@ type Request struct {
 	Params []byte
 }
 
-// validate checks what Run needs of a request before it fingerprints it.
-func (req *Request) validate(maxKeyLength int) error {
-	if err := validateKey(req.Scope, req.Key, maxKeyLength); err != nil {
+// maxMethodLength is the longest method accepted, in bytes: every method
+// HTTP defines is far shorter.
+const maxMethodLength = 32
+
+// validate checks what Run needs of a request before it fingerprints it:
+// what is stored with the key is bounded (cfg.MaxPathLength).
+func (req *Request) validate(cfg *Config) error {
+	if err := validateKey(req.Scope, req.Key, cfg.MaxKeyLength); err != nil {
 		return err
+	}
+	switch {
+	case len(req.Path) > cfg.MaxPathLength:
+		return fmt.Errorf("%w: %w: the path is %d bytes; the limit is %d (Config.MaxPathLength)",
+			ErrInvalidRequest, ErrTooLong, len(req.Path), cfg.MaxPathLength)
+	case len(req.Method) > maxMethodLength:
+		return fmt.Errorf("%w: the method is %d bytes; the limit is %d", ErrInvalidRequest, len(req.Method), maxMethodLength)
 	}
 	for _, f := range [...]struct{ name, v string }{{"method", req.Method}, {"path", req.Path}} {
 		if !isText(f.v) {

@@ -59,6 +59,11 @@ func (r *Runner) resume(ctx context.Context, scope, key string, opts resumeOpts)
 			return nil, err
 		}
 		if info.Response != nil {
+			var allowed map[string]bool
+			if wf, ok := r.workflow(info.Workflow); ok {
+				allowed = wf.replayable()
+			}
+			info.Response.Header = replayHeader(info.Response.Header, allowed)
 			r.observe(ctx, Event{Kind: EventReplay, Workflow: info.Workflow, Scope: scope, Key: key})
 			return info.Response, nil
 		}

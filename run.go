@@ -51,7 +51,7 @@ func (r *Runner) Run(ctx context.Context, wf AnyWorkflow, req Request) (*Respons
 	if wf == nil || wf.isNil() {
 		return nil, Permanent(errors.New("atomicphase: Run given a nil workflow"))
 	}
-	if err := req.validate(r.cfg.MaxKeyLength); err != nil {
+	if err := req.validate(&r.cfg); err != nil {
 		return nil, err
 	}
 	fp, err := FingerprintOf(req.Method, req.Path, req.Params)
@@ -102,7 +102,7 @@ func (r *Runner) run(ctx context.Context, wf AnyWorkflow, req *Request, fp Finge
 	}
 	pc.Release()
 	if p.ResponseStatus != nil || !p.Takeable || !p.Same {
-		return r.refused(ctx, &p.Row, !p.Same, wf.Name(), req)
+		return r.refused(ctx, &p.Row, !p.Same, wf, req)
 	}
 	// A failed or abandoned attempt's key: taken as any other.
 	return r.runExisting(ctx, wf, req, fp)
@@ -159,7 +159,7 @@ func (r *Runner) runExisting(ctx context.Context, wf AnyWorkflow, req *Request, 
 	}
 	if !row.Acquired {
 		mismatch := row.Workflow != wf.Name() || !bytes.Equal(row.Fingerprint, fp[:])
-		return r.refused(ctx, row, mismatch, wf.Name(), req)
+		return r.refused(ctx, row, mismatch, wf, req)
 	}
 	e := Event{Workflow: wf.Name(), Scope: req.Scope, Key: req.Key}
 	switch {

@@ -3,6 +3,7 @@ package atomicphase
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -39,8 +40,11 @@ func NewRunner(pool *pgxpool.Pool, config *Config) (*Runner, error) {
 
 // Register makes workflows resumable by name with Resume. Run registers the
 // workflow it runs, so Register is only needed in processes that resume keys
-// they did not start (a background completer, say). Registering a different
-// workflow under a name already taken is an error.
+// they did not start (a background completer, say). A workflow with the
+// same definition as one registered under its name (the same phases,
+// kinds, options and state type: two values built by one constructor, say)
+// is accepted and changes nothing; registering a different definition
+// under a name already taken is an error that says what differs.
 func (r *Runner) Register(workflows ...AnyWorkflow) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -48,8 +52,14 @@ func (r *Runner) Register(workflows ...AnyWorkflow) error {
 		if wf == nil || wf.isNil() {
 			return errors.New("atomicphase: Register given a nil workflow")
 		}
-		if have, ok := r.workflows[wf.Name()]; ok && have != wf {
-			return fmt.Errorf("atomicphase: another workflow named %q is already registered", wf.Name())
+		if have, ok := r.workflows[wf.Name()]; ok {
+			if have == wf {
+				continue
+			}
+			if diff := definitionDiff(have.definition(), wf.definition()); diff != "" {
+				return fmt.Errorf("atomicphase: another definition of workflow %q is already registered: %s", wf.Name(), diff)
+			}
+			continue // the same definition: the registered one runs its keys
 		}
 		r.workflows[wf.Name()] = wf
 	}
@@ -58,7 +68,7 @@ func (r *Runner) Register(workflows ...AnyWorkflow) error {
 
 // register registers wf unless it already is: one read lock on the hot path.
 func (r *Runner) register(wf AnyWorkflow) error {
-	if have, ok := r.workflow(wf.Name()); ok && have == wf {
+	if have, ok := r.workflow(wf.Name()); ok && (have == wf || slices.Equal(have.definition(), wf.definition())) {
 		return nil
 	}
 	return r.Register(wf)

@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
+
+	"github.com/atomicphase/atomicphase/internal/keystore"
 )
 
 // The sweep: what keeps keys from being stranded or kept forever without a
@@ -23,6 +26,8 @@ const (
 	DefaultKeyRetention   = 24 * time.Hour
 	DefaultReapBatch      = 1000
 	DefaultMaxReapBatches = 100
+	DefaultSweepWorkers   = 4
+	DefaultMaxPerScope    = 5
 )
 
 // SweepConfig configures a Sweeper. A nil *SweepConfig means all defaults.
@@ -35,6 +40,18 @@ type SweepConfig struct {
 	// BatchSize is the most abandoned keys one sweep resumes. Defaults
 	// to 50.
 	BatchSize int
+
+	// Workers is how many keys one sweep resumes at once. Each resume is
+	// bounded by Config.LockTimeout, so a sweep takes at most
+	// ⌈BatchSize / Workers⌉ lock timeouts however slow the keys' downstreams
+	// are. Defaults to 4.
+	Workers int
+
+	// MaxPerScope is the most keys of one scope a sweep picks; the first
+	// key of every scope comes before the second of any (see
+	// docs/operations.md, "Fairness"), so one scope's slow keys cannot
+	// hold another scope's keys back. Defaults to 5.
+	MaxPerScope int
 
 	// Retention is how long a finished key is kept (and replayed) after it
 	// finished; the sweep deletes older ones. Keep it at least as long as
@@ -99,7 +116,11 @@ func NewSweeper(r *Runner, config *SweepConfig) (*Sweeper, error) {
 		name string
 		v    *int
 		def  int
-	}{{"BatchSize", &cfg.BatchSize, DefaultSweepBatch}, {"ReapBatchSize", &cfg.ReapBatchSize, DefaultReapBatch}, {"MaxReapBatches", &cfg.MaxReapBatches, DefaultMaxReapBatches}} {
+	}{
+		{"BatchSize", &cfg.BatchSize, DefaultSweepBatch}, {"ReapBatchSize", &cfg.ReapBatchSize, DefaultReapBatch},
+		{"MaxReapBatches", &cfg.MaxReapBatches, DefaultMaxReapBatches}, {"Workers", &cfg.Workers, DefaultSweepWorkers},
+		{"MaxPerScope", &cfg.MaxPerScope, DefaultMaxPerScope},
+	} {
 		switch {
 		case *f.v == 0:
 			*f.v = f.def
@@ -180,37 +201,61 @@ func (s *Sweeper) complete(ctx context.Context, res *SweepResult) error {
 	if len(names) == 0 {
 		return nil
 	}
-	keys, err := r.store.Abandoned(ctx, r.pool, names, s.cfg.BatchSize)
+	keys, err := r.store.Abandoned(ctx, r.pool, names, s.cfg.BatchSize, s.cfg.MaxPerScope)
 	if err != nil {
 		return storeError("sweep: find abandoned keys", err)
 	}
+	// Workers resume the keys in the order picked: the first key of every
+	// scope before the second of any.
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	next := make(chan keystore.Ref)
+	for range min(s.cfg.Workers, len(keys)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := range next {
+				resp, err := s.resumeOne(ctx, k.Scope, k.Key)
+				mu.Lock()
+				s.count(ctx, res, k, resp, err)
+				mu.Unlock()
+			}
+		}()
+	}
 	for _, k := range keys {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			break
 		}
-		res.Examined++
-		resp, err := s.resumeOne(ctx, k.Scope, k.Key)
-		var pe *PhaseError
-		switch {
-		case errors.Is(err, errNotRunnable):
-			res.UnknownWorkflow++
-			r.observe(ctx, Event{Kind: EventUnknownWorkflow, Workflow: k.Workflow, Count: 1})
-		case err == nil && !resp.Replayed:
-			res.Completed++
-			r.observe(ctx, Event{Kind: EventZombieKey, Workflow: k.Workflow, Scope: k.Scope, Key: k.Key})
-		case err == nil, errors.Is(err, ErrInProgress), errors.Is(err, ErrLockLost):
-			res.Busy++ // someone else took it, or finished it, first
-		case errors.As(err, &pe):
-			res.Failed++
-			if pe.Parked {
-				res.Parked++
-			}
-		default:
-			res.Failed++
-			r.logKey(ctx, slog.LevelWarn, "atomicphase: sweep could not resume key", k.Workflow, k.Scope, k.Key, "error", err)
-		}
+		next <- k
 	}
-	return nil
+	close(next)
+	wg.Wait()
+	return ctx.Err()
+}
+
+// count adds a resumed key's outcome to res.
+func (s *Sweeper) count(ctx context.Context, res *SweepResult, k keystore.Ref, resp *Response, err error) {
+	r := s.r
+	res.Examined++
+	var pe *PhaseError
+	switch {
+	case errors.Is(err, errNotRunnable):
+		res.UnknownWorkflow++
+		r.observe(ctx, Event{Kind: EventUnknownWorkflow, Workflow: k.Workflow, Count: 1})
+	case err == nil && !resp.Replayed:
+		res.Completed++
+		r.observe(ctx, Event{Kind: EventZombieKey, Workflow: k.Workflow, Scope: k.Scope, Key: k.Key})
+	case err == nil, errors.Is(err, ErrInProgress), errors.Is(err, ErrLockLost):
+		res.Busy++ // someone else took it, or finished it, first
+	case errors.As(err, &pe):
+		res.Failed++
+		if pe.Parked {
+			res.Parked++
+		}
+	default:
+		res.Failed++
+		r.logKey(ctx, slog.LevelWarn, "atomicphase: sweep could not resume key", k.Workflow, k.Scope, k.Key, "error", err)
+	}
 }
 
 // resumeOne resumes one abandoned key for the sweep, within the lock

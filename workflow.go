@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -42,6 +44,15 @@ type WorkflowOpts struct {
 	// are long, where a retry should not redo the ones that finished.
 	// Defaults to false.
 	CommitEachPhase bool
+
+	// ReplayHeaders names the per-client response headers this workflow's
+	// responses may store and replay (see docs/security-and-limits.md):
+	// Set-Cookie, Authorization, WWW-Authenticate and the like are refused
+	// by default, since a replay hands them to whoever sends the key.
+	// Hop-by-hop headers (Connection, Transfer-Encoding, …) and the ones
+	// net/http computes (Content-Length, Date) can never be named. Defaults
+	// to none.
+	ReplayHeaders []string
 }
 
 // Workflow is a named, validated, ordered list of phases over a state of type
@@ -53,6 +64,11 @@ type Workflow[S any] struct {
 	steps     []step
 	byName    map[string]int
 	keepState bool
+	// replayHeaders are the per-client headers ReplayHeaders allows,
+	// canonicalised.
+	replayHeaders map[string]bool
+	// def is the workflow's definition, described once (see definition).
+	def []string
 }
 
 // step is the state-type-free view of a phase that the Runner executes:
@@ -72,6 +88,8 @@ type step struct {
 	// local is nil for a foreign phase that records nothing of its own.
 	local func(ctx context.Context, tx Tx, state []byte) ([]byte, Outcome, error)
 	jumps []string
+	// formerNames are the names the phase had before (WithFormerNames).
+	formerNames []string
 	// alone: the phase commits on its own (WorkflowOpts.CommitEachPhase).
 	alone bool
 }
@@ -98,6 +116,10 @@ func NewWorkflow[In, S any](name string, start StartFunc[In, S], phases []Phase[
 
 	var errs []error
 	if err := checkName("workflow name", name); err != nil {
+		errs = append(errs, err)
+	}
+	var err error
+	if wf.replayHeaders, err = allowedHeaders(opts.ReplayHeaders); err != nil {
 		errs = append(errs, err)
 	}
 	if start == nil {
@@ -154,6 +176,7 @@ func NewWorkflow[In, S any](name string, start StartFunc[In, S], phases []Phase[
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("atomicphase: workflow %q is invalid: %w", name, errors.Join(errs...))
 	}
+	wf.def = wf.describe()
 	return wf, nil
 }
 
@@ -183,6 +206,7 @@ func (w *Workflow[S]) Phases() []string {
 func (w *Workflow[S]) isNil() bool                               { return w == nil }
 func (w *Workflow[S]) phaseSteps() []step                        { return w.steps }
 func (w *Workflow[S]) keepsFinishedState() bool                  { return w.keepState }
+func (w *Workflow[S]) replayable() map[string]bool               { return w.replayHeaders }
 func (w *Workflow[S]) initialState(req *Request) ([]byte, error) { return w.start(req) }
 
 // AnyWorkflow is implemented by every *Workflow, whatever its state type, so
@@ -194,6 +218,8 @@ type AnyWorkflow interface {
 	phaseSteps() []step
 	initialState(req *Request) ([]byte, error)
 	keepsFinishedState() bool
+	replayable() map[string]bool
+	definition() []string
 	resumeAt(recoveryPoint, jumpTarget string) (int, error)
 }
 
@@ -214,7 +240,7 @@ func startStep[In, S any](start StartFunc[In, S]) func(req *Request) ([]byte, er
 }
 
 func makeStep[S any](p Phase[S], iso pgx.TxIsoLevel) step {
-	st := step{name: p.name, downstreamName: p.name, isolation: iso, jumps: p.jumps}
+	st := step{name: p.name, downstreamName: p.name, isolation: iso, jumps: p.jumps, formerNames: p.formerNames}
 	if len(p.formerNames) > 0 {
 		st.downstreamName = p.formerNames[0]
 	}
@@ -287,4 +313,57 @@ func checkName(what, name string) error {
 		}
 	}
 	return nil
+}
+
+// definition describes what of the workflow a stored key depends on, one
+// line per part: its state type, each phase's name, former names, kind,
+// isolation, jumps and commit, and the options that change what is
+// stored. Two workflows with one definition run a key the same way
+// (their functions are not compared: they cannot be), so Register accepts
+// the second as the first.
+func (w *Workflow[S]) definition() []string { return w.def }
+
+// describe builds the workflow's definition.
+func (w *Workflow[S]) describe() []string {
+	lines := []string{
+		"state type " + reflect.TypeFor[S]().String(),
+		fmt.Sprintf("%d phases", len(w.steps)),
+	}
+	for i, st := range w.steps {
+		kind := "local"
+		switch {
+		case st.call != nil && st.reconcile != nil:
+			kind = "foreign, reconciled"
+		case st.call != nil:
+			kind = "foreign"
+		}
+		iso := string(st.isolation)
+		if iso == "" {
+			iso = "default isolation"
+		}
+		lines = append(lines, fmt.Sprintf("phase %d %q (%s, %s, former names %q, jumps %q, own commit %t)",
+			i, st.name, kind, iso, st.formerNames, st.jumps, st.alone))
+	}
+	headers := make([]string, 0, len(w.replayHeaders))
+	for h := range w.replayHeaders {
+		headers = append(headers, h)
+	}
+	slices.Sort(headers)
+	return append(lines, fmt.Sprintf("KeepFinishedState %t", w.keepState), fmt.Sprintf("ReplayHeaders %q", headers))
+}
+
+// definitionDiff names the first part where two definitions differ, or ""
+// when they are the same.
+func definitionDiff(have, want []string) string {
+	for i := range max(len(have), len(want)) {
+		switch {
+		case i >= len(have):
+			return fmt.Sprintf("this one adds %s", want[i])
+		case i >= len(want):
+			return fmt.Sprintf("the registered one also has %s", have[i])
+		case have[i] != want[i]:
+			return fmt.Sprintf("the registered one has %s, this one %s", have[i], want[i])
+		}
+	}
+	return ""
 }

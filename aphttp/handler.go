@@ -174,6 +174,8 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 			h.report(r, err)
 			WriteProblem(w, Problem{Type: ProblemInvalidScope, Title: "Server error", Status: http.StatusInternalServerError,
 				Detail: "the server could not tell who sent this request; nothing was done"}, 0)
+		case errors.Is(err, atomicphase.ErrTooLong):
+			WriteProblem(w, Problem{Type: ProblemURITooLong, Title: "Request URI too long", Status: http.StatusRequestURITooLong, Detail: err.Error()}, 0)
 		case errors.Is(err, atomicphase.ErrInvalidKey):
 			WriteProblem(w, Problem{Type: ProblemInvalidKey, Title: "Malformed Idempotency-Key header", Status: http.StatusBadRequest, Detail: err.Error()}, 0)
 		default: // atomicphase.ErrInvalidRequest, and any final answer added later

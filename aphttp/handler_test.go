@@ -333,6 +333,17 @@ func TestBodyOverLimitIs413BeforeAnythingIsStored(t *testing.T) {
 	require.Equal(t, 201, b.do(t, "POST", "k", `{"text":"small"}`).status, "the key was not stored")
 }
 
+// A query string the size of a page would be stored with the key for its
+// retention: it is refused with 414 before anything is stored.
+func TestPathOverLimitIs414BeforeAnythingIsStored(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	long := "/notes?q=" + strings.Repeat("x", atomicphase.DefaultMaxPathLength)
+	requireProblem(t, b.doAt(t, long, "POST", "k", `{"text":"x"}`), 414, aphttp.ProblemURITooLong)
+	require.Zero(t, b.runs.Load())
+	require.Equal(t, 201, b.do(t, "POST", "k", `{"text":"x"}`).status, "the key was not stored")
+}
+
 func TestStoreUnavailableIs503(t *testing.T) {
 	t.Parallel()
 	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=2")

@@ -18,6 +18,7 @@ const (
 	ProblemUnauthorized     = ProblemTypeBase + "unauthorized"      // 401
 	ProblemInProgress       = ProblemTypeBase + "in-progress"       // 409
 	ProblemBodyTooLarge     = ProblemTypeBase + "body-too-large"    // 413
+	ProblemURITooLong       = ProblemTypeBase + "uri-too-long"      // 414
 	ProblemOutcomeUnknown   = ProblemTypeBase + "outcome-unknown"   // 409
 	ProblemKeyReused        = ProblemTypeBase + "key-reused"        // 422
 	ProblemTooManyKeys      = ProblemTypeBase + "too-many-keys"     // 429

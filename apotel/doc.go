@@ -16,10 +16,10 @@
 // the levels themselves, read from the key table (Runner.KeyLevels) when
 // the metrics are collected, at most once per LevelsOptions.MinInterval:
 //
-//   - atomicphase.keys.unfinished ({key}): unfinished keys now, by
+//   - LevelsMetric, atomicphase.keys.unfinished ({key}): unfinished keys now, by
 //     workflow and status (in_progress, stale, abandoned, unknown, parked).
 //     Alert on any parked key.
-//   - atomicphase.keys.oldest_age (s): the oldest of them, by workflow and
+//   - OldestMetric, atomicphase.keys.oldest_age (s): the oldest of them, by workflow and
 //     status. Alert on unknown keys whose oldest age keeps growing.
 //
 // # Metrics
@@ -31,7 +31,8 @@
 // names a phase. The meter is named after this package.
 //
 // Acquisition: what became of each request's key. Every Run that reaches
-// the key store counts under exactly one of these seven or store.error; a
+// the key store counts under exactly one of created, replay, in_progress,
+// key_misuse, failed_retry, takeover and over_limit, or store.error; a
 // Resume that takes its key counts as failed_retry.
 //
 //   - atomicphase.reserve.created ({request}): a new key was recorded and
@@ -57,6 +58,24 @@
 //   - atomicphase.reserve.over_limit ({request}): refused, the scope has
 //     Config.MaxUnfinishedPerScope unfinished keys (429). Alert on a
 //     sustained rate: a caller spraying keys, or keys that do not finish.
+//   - atomicphase.reserve.unknown ({request}): a call to a downstream
+//     without idempotency keys failed after it may have been sent; its
+//     outcome is unknown until reconciled. A rise means the downstream is
+//     failing or slow.
+//
+// Reconciliation of unknown outcomes (docs/unknown-outcomes.md):
+//
+//   - atomicphase.reconcile.scheduled ({key}): a key whose call's outcome
+//     is unknown was released to be reconciled later, by the sweep or a
+//     retry. It follows reserve.unknown.
+//   - atomicphase.reconcile.resolved_happened ({key}): reconciliation found
+//     the call took effect; its result is recorded and the call is not made
+//     again.
+//   - atomicphase.reconcile.resolved_not_happened ({key}): reconciliation
+//     found the call did not take effect; it is made.
+//   - atomicphase.reconcile.failed ({key}): the reconcile function could
+//     not tell. Alert on a sustained rate: the downstream's lookup is down,
+//     and its keys park after Config.MaxAttempts.
 //
 // Failures:
 //

@@ -3,6 +3,7 @@ package apui
 import (
 	"fmt"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,10 +25,7 @@ var filterFields = []string{"status", "workflow", "scope", "older", "error", "ke
 func parseFilter(v url.Values, pageSize int) (*atomicphase.KeyPageFilter, error) {
 	f := &atomicphase.KeyPageFilter{}
 	f.Status = atomicphase.KeyStatus(strings.TrimSpace(v.Get("status")))
-	switch f.Status {
-	case "", atomicphase.KeyInProgress, atomicphase.KeyStale, atomicphase.KeyAbandoned,
-		atomicphase.KeyUnknown, atomicphase.KeyParked, atomicphase.KeyFinished:
-	default:
+	if f.Status != "" && !slices.Contains(atomicphase.KeyStatuses(), f.Status) {
 		return nil, fmt.Errorf("status %q is not a key status; use in_progress, stale, abandoned, unknown, parked or finished", f.Status)
 	}
 	f.Workflow = strings.TrimSpace(v.Get("workflow"))

@@ -18,8 +18,7 @@ import (
 var assets embed.FS
 
 // statuses are the key statuses in the order the pages show them.
-var statuses = []atomicphase.KeyStatus{atomicphase.KeyInProgress, atomicphase.KeyStale, atomicphase.KeyAbandoned,
-	atomicphase.KeyUnknown, atomicphase.KeyParked, atomicphase.KeyFinished}
+var statuses = atomicphase.KeyStatuses()
 
 // parseTemplates parses each page with the layout it shares.
 func (h *Handler) parseTemplates() error {

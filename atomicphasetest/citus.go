@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/atomicphase/atomicphase/internal/connstr"
+
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -84,7 +86,7 @@ func connectCitus(ctx context.Context, coordURL string) (*citusCluster, error) {
 	if !strings.HasPrefix(coordURL, "postgres://") && !strings.HasPrefix(coordURL, "postgresql://") {
 		return nil, fmt.Errorf("atomicphasetest: %s must be a postgres:// URL", CitusURLEnv)
 	}
-	cfg, err := pgxpool.ParseConfig(coordURL)
+	cfg, err := connstr.Parse(coordURL)
 	if err != nil {
 		return nil, fmt.Errorf("atomicphasetest: %s: %w", CitusURLEnv, err)
 	}
@@ -140,7 +142,7 @@ func connectCitus(ctx context.Context, coordURL string) (*citusCluster, error) {
 		return fail(errors.New("no worker registered in the coordinator (SELECT citus_add_node(host, port) there)"))
 	}
 	for _, w := range c.workers {
-		p, err := pgxpool.New(ctx, c.nodeURL(w, ""))
+		p, err := newPool(ctx, c.nodeURL(w, ""))
 		if err != nil {
 			return fail(err)
 		}
@@ -411,7 +413,7 @@ func openCitus(ctx context.Context, c *citusCluster, opts *Options, connectURL, 
 // setUpCitus migrates and distributes a new database, then runs
 // opts.Setup and distributes the tables opts.Distribute names.
 func setUpCitus(ctx context.Context, dbURL string, opts *Options) error {
-	pool, err := pgxpool.New(ctx, dbURL)
+	pool, err := newPool(ctx, dbURL)
 	if err != nil {
 		return err
 	}

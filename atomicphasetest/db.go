@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/atomicphase/atomicphase/internal/connstr"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -138,7 +140,7 @@ func server(ctx context.Context) (*Server, *pgxpool.Pool, error) {
 			}
 			srv = started
 		}
-		admin, err := pgxpool.New(ctx, srv.URL)
+		admin, err := newPool(ctx, srv.URL)
 		if err != nil {
 			_ = srv.Stop()
 			return nil, nil, fmt.Errorf("atomicphasetest: connect to %s: %w", pgtemp.Redact(srv.URL), err)
@@ -267,7 +269,7 @@ func (db *DB) connect(ctx context.Context, connectURL, mode string, opts *Option
 		return errors.Join(err, db.Close())
 	}
 	db.URL = withExecMode(db.URL, mode)
-	cfg, err := pgxpool.ParseConfig(db.URL)
+	cfg, err := connstr.Parse(db.URL)
 	if err != nil {
 		return errors.Join(err, db.Close())
 	}
@@ -308,7 +310,11 @@ func (db *DB) Close() error {
 func ensureTemplate(ctx context.Context, srv *Server, admin *pgxpool.Pool, opts *Options) (string, error) {
 	h := sha256.New()
 	if !opts.SkipMigrations {
-		for _, m := range atomicphase.Migrations(nil) {
+		migrations, err := atomicphase.Migrations(nil)
+		if err != nil {
+			return "", err
+		}
+		for _, m := range migrations {
 			h.Write([]byte(m.Up))
 		}
 	}
@@ -362,7 +368,7 @@ func buildTemplate(ctx context.Context, srv *Server, admin *pgx.Conn, name strin
 	if err != nil {
 		return err
 	}
-	pool, err := pgxpool.New(ctx, url)
+	pool, err := newPool(ctx, url)
 	if err != nil {
 		return err
 	}
@@ -399,4 +405,14 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// newPool is pgxpool.New, whose parse error never quotes url (it may hold a
+// password).
+func newPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := connstr.Parse(url)
+	if err != nil {
+		return nil, err
+	}
+	return pgxpool.NewWithConfig(ctx, cfg)
 }

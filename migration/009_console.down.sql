@@ -1,6 +1,6 @@
--- Back to migration 006: the audit trail, the console's index, the verdict's
--- result and atomicphase_record_verdict go; atomicphase_record_resolution is
--- 006's again.
+-- Back to migration 006: the audit trail, the verdict's result and
+-- atomicphase_record_verdict go; atomicphase_record_resolution is 006's
+-- again.
 DROP TABLE /* TEMPLATE: schema */atomicphase_audit;
 CREATE OR REPLACE FUNCTION /* TEMPLATE: schema */atomicphase_record_resolution(
     p_scope text, p_key text, p_happened boolean, p_note text, p_lock_timeout_us bigint
@@ -23,4 +23,3 @@ END
 $$;
 DROP FUNCTION /* TEMPLATE: schema */atomicphase_record_verdict(text, text, boolean, text, bigint, jsonb);
 ALTER TABLE /* TEMPLATE: schema */idempotency_keys DROP COLUMN resolved_result;
-DROP INDEX IF EXISTS /* TEMPLATE: schema */idempotency_keys_unfinished_created_idx;

@@ -1,15 +1,7 @@
--- The console pages through the unfinished keys in the order (created_at,
--- scope, key), after a cursor (keyset pagination): this partial index makes
--- each page one range scan of the unfinished keys, however many finished
--- ones the table holds. Migrations run in a transaction, so it is built
--- without CONCURRENTLY; on a large table, build it first yourself with
---   CREATE INDEX CONCURRENTLY idempotency_keys_unfinished_created_idx
---       ON idempotency_keys (created_at, scope, idempotency_key)
---       WHERE response_status IS NULL;
--- and this migration finds it there.
-CREATE INDEX IF NOT EXISTS idempotency_keys_unfinished_created_idx
-    ON /* TEMPLATE: schema */idempotency_keys (created_at, scope, idempotency_key)
-    WHERE response_status IS NULL;
+-- The console (migration 009): a verdict's result, the function that records
+-- it, and the operators' audit trail. It builds no index on the key table
+-- (the console's pages use the indexes there are), so it runs in a
+-- transaction like the migrations before it.
 
 -- An operator's "happened" verdict may carry the call's result (the label id
 -- the downstream's support read out, say): JSON the phase's reconcile
@@ -62,12 +54,15 @@ $$;
 CREATE TABLE /* TEMPLATE: schema */atomicphase_audit (
     scope           text        NOT NULL,
     idempotency_key text        NOT NULL,
+    id              bigint      GENERATED ALWAYS AS IDENTITY,
     at              timestamptz NOT NULL DEFAULT now(),
     actor           text        NOT NULL,
     action          text        NOT NULL,
     note            text        NOT NULL DEFAULT '',
     -- What the action carried: a verdict and the call's result, a bulk
     -- action's filter.
-    detail          jsonb
+    detail          jsonb,
+    -- A key's trail is read by (scope, key), newest first: the primary
+    -- key's index, built with the new, empty table.
+    PRIMARY KEY (scope, idempotency_key, id)
 );
-CREATE INDEX atomicphase_audit_key_idx ON /* TEMPLATE: schema */atomicphase_audit (scope, idempotency_key, at);

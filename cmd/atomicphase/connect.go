@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/atomicphase/atomicphase/internal/connstr"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
@@ -22,9 +24,9 @@ func (c *cli) withPool(ctx context.Context, fn func(*pgxpool.Pool) error) error 
 		return errors.New("no database given: set DATABASE_URL or pass --database-url, " +
 			"as in --database-url postgres://user:password@localhost:5432/dbname")
 	}
-	cfg, err := pgxpool.ParseConfig(c.databaseURL)
+	cfg, err := connstr.Parse(c.databaseURL)
 	if err != nil {
-		return fmt.Errorf("--database-url (or DATABASE_URL) is not a PostgreSQL URL or key=value string: %w", err)
+		return fmt.Errorf("--database-url (or DATABASE_URL): %w (the string is not shown: it may hold a password)", err)
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = connectTimeout

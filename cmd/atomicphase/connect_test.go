@@ -47,7 +47,27 @@ func TestDatabaseURL(t *testing.T) {
 		t.Parallel()
 		res := runCLI(t, nil, "", "--database-url", "postgres://a:b@host:notaport/db", "keys")
 		require.Equal(t, exitFailure, res.code)
-		require.Contains(t, res.stderr, "is not a PostgreSQL URL")
+		require.Contains(t, res.stderr, "not a PostgreSQL URL")
+	})
+
+	// A string invalid elsewhere than its password: no form of it may
+	// print the password, from the flag or from the environment.
+	t.Run("MalformedKeepsThePasswordSecret", func(t *testing.T) {
+		t.Parallel()
+		for _, url := range []string{
+			"host=127.0.0.1 password = S3cretPW port=abc",
+			"password =S3cretPW port=abc",
+			"postgres://u:S3c@retPW@127.0.0.1:abc/db",
+		} {
+			res := runCLI(t, nil, "", "--database-url", url, "keys")
+			require.Equal(t, exitFailure, res.code)
+			require.Contains(t, res.stderr, "invalid port", "the error still says what is wrong")
+			res2 := runCLI(t, map[string]string{"DATABASE_URL": url}, "", "keys")
+			for _, out := range []string{res.stderr, res.stdout, res2.stderr, res2.stdout} {
+				require.NotContains(t, out, "S3c", url)
+				require.NotContains(t, out, "retPW", url)
+			}
+		}
 	})
 }
 

@@ -13,13 +13,6 @@ import (
 	"github.com/atomicphase/atomicphase"
 )
 
-// statuses are the values --status takes, in the order a key goes through
-// them.
-var statuses = []atomicphase.KeyStatus{
-	atomicphase.KeyInProgress, atomicphase.KeyStale, atomicphase.KeyAbandoned,
-	atomicphase.KeyUnknown, atomicphase.KeyParked, atomicphase.KeyFinished,
-}
-
 // lastErrorWidth is how much of a key's last error the table shows; inspect
 // shows all of it.
 const lastErrorWidth = 40
@@ -57,7 +50,7 @@ The table cuts the last error to ` + strconv.Itoa(lastErrorWidth) + ` characters
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			filter.Status = atomicphase.KeyStatus(status)
-			if status != "" && !slices.Contains(statuses, filter.Status) {
+			if status != "" && !slices.Contains(atomicphase.KeyStatuses(), filter.Status) {
 				return usageErrorf("--status %q is not a key status; use one of %s", status, statusList())
 			}
 			if olderThan < 0 {
@@ -118,6 +111,7 @@ func (c *cli) writeKeyTable(keys []*atomicphase.KeyInfo) error {
 }
 
 func statusList() string {
+	statuses := atomicphase.KeyStatuses()
 	names := make([]string, len(statuses))
 	for i, s := range statuses {
 		names[i] = string(s)

@@ -39,7 +39,11 @@ library's docs/scale.md): run it so after every upgrade.`),
 				opts := &atomicphase.MigrateOpts{Schema: c.schema, Citus: citus}
 				names := map[int]string{}
 				latest := 0
-				for _, m := range atomicphase.Migrations(opts) {
+				migrations, err := atomicphase.Migrations(opts)
+				if err != nil {
+					return &usageError{fmt.Errorf("--schema: %w", err)}
+				}
+				for _, m := range migrations {
 					names[m.Version], latest = m.Name, m.Version
 				}
 				applied, err := atomicphase.Migrate(cmd.Context(), pool, opts)

@@ -13,7 +13,8 @@ import (
 func TestMigrate(t *testing.T) {
 	t.Parallel()
 	b := setupEmpty(t, &atomicphasetest.Options{SkipMigrations: true})
-	migrations := atomicphase.Migrations(nil)
+	migrations, err := atomicphase.Migrations(nil)
+	require.NoError(t, err)
 	latest := migrations[len(migrations)-1]
 
 	res := b.run(t, "keys")

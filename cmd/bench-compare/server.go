@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/atomicphase/atomicphase/internal/connstr"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -168,7 +170,7 @@ func createDatabase(ctx context.Context, url string, pgss bool) (*database, erro
 			_ = c.Close(dctx)
 		}
 	}
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, err := connstr.Parse(url)
 	if err != nil {
 		drop()
 		return nil, err

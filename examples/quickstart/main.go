@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/atomicphase/atomicphase/internal/connstr"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -61,7 +63,7 @@ func run(ctx context.Context) error {
 		url = srv.URL
 	}
 	trips := &atomicphasetest.RoundTrips{}
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, err := connstr.Parse(url)
 	if err != nil {
 		return err
 	}

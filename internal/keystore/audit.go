@@ -40,11 +40,11 @@ func (s *Store) RecordAudit(ctx context.Context, db DB, e *AuditEntry) error {
 const auditTrailSQL = `SELECT scope, idempotency_key AS key, at, actor, action, note, detail
 FROM /* TEMPLATE: schema */atomicphase_audit
 WHERE scope = $1::text AND idempotency_key = $2::text
-ORDER BY at DESC
+ORDER BY id DESC
 LIMIT $3::integer`
 
-// AuditTrail reads a key's audit trail, newest first, at most limit
-// entries.
+// AuditTrail reads a key's audit trail, newest first (by the primary key's
+// index, backwards), at most limit entries.
 func (s *Store) AuditTrail(ctx context.Context, db DB, scope, key string, limit int) ([]*AuditEntry, error) {
 	var rows []*AuditEntry
 	err := pgxscan.Select(ctx, db, &rows, s.sql.auditTrail, scope, key, limit)

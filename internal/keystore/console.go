@@ -10,9 +10,9 @@ import (
 // The console's statements: the levels of unfinished keys, the recent parks
 // and unknown outcomes, and a page of keys after a cursor. All of them read
 // every shard of a distributed key table (they are for operators, never on
-// a request's path), and all of them read the unfinished keys through the
-// partial indexes on response_status IS NULL unless told to list finished
-// keys too: a table of millions of finished keys costs them nothing.
+// a request's path). None counts the table or skips with an offset: the
+// levels and the recent trouble read the unfinished keys only, and a page
+// is a range of the index on created_at after its cursor.
 
 // Level is how many unfinished keys of a workflow have a status, and when
 // the oldest of them was created.
@@ -108,8 +108,8 @@ ORDER BY created_at, scope, key
 LIMIT $6::integer`
 
 // pageUnfinishedSQL is pageSQL for an unfinished status: the literal
-// response_status IS NULL lets the planner walk the partial index of the
-// unfinished keys (migration 009) instead of every finished one.
+// response_status IS NULL lets the planner use what it knows of the
+// unfinished keys (the partial indexes on them, their share of the table).
 const pageUnfinishedSQL = `SELECT * FROM (SELECT ` + infoColumns + `
     FROM /* TEMPLATE: schema */idempotency_keys` + pageWhere + `
       AND response_status IS NULL

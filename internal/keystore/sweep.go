@@ -11,24 +11,32 @@ import (
 // The sweep's statements: the only ones on the table that read (or, for
 // the reap, delete from) every shard of a distributed key table, on purpose.
 
-// abandonedSQL picks abandoned keys of the registered workflows, the ones
-// waiting longest first.
+// abandonedSQL picks abandoned keys of the registered workflows, fairly
+// across scopes: at most $4 of one scope, and every scope's n-th key
+// (waiting longest first) before any scope's n+1-th. The window is
+// partitioned by scope, the distribution column, so on Citus each worker
+// numbers its own shards' keys.
 const abandonedSQL = `
-SELECT scope, idempotency_key, workflow FROM /* TEMPLATE: schema */idempotency_keys
-WHERE response_status IS NULL AND parked_at IS NULL
-  AND workflow = ANY($1::text[])
-  AND /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($2))
-  AND (next_attempt_at IS NULL OR next_attempt_at <= now())
-ORDER BY next_attempt_at NULLS FIRST
+SELECT scope, idempotency_key, workflow FROM (
+    SELECT scope, idempotency_key, workflow, next_attempt_at,
+           row_number() OVER (PARTITION BY scope ORDER BY next_attempt_at NULLS FIRST, created_at) AS nth
+    FROM /* TEMPLATE: schema */idempotency_keys
+    WHERE response_status IS NULL AND parked_at IS NULL
+      AND workflow = ANY($1::text[])
+      AND /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($2))
+      AND (next_attempt_at IS NULL OR next_attempt_at <= now())) AS due
+WHERE nth <= $4::bigint
+ORDER BY nth, next_attempt_at NULLS FIRST
 LIMIT $3`
 
 // Ref names one key of a workflow.
 type Ref struct{ Scope, Key, Workflow string }
 
 // Abandoned returns at most limit due, unheld, unfinished keys of
-// workflows, those waiting longest first.
-func (s *Store) Abandoned(ctx context.Context, db DB, workflows []string, limit int) ([]Ref, error) {
-	rows, err := db.Query(ctx, s.sql.abandoned, workflows, s.lockTimeoutUS, limit)
+// workflows, at most perScope of any one scope: every scope's longest
+// waiting key first, then every scope's second, and so on.
+func (s *Store) Abandoned(ctx context.Context, db DB, workflows []string, limit, perScope int) ([]Ref, error) {
+	rows, err := db.Query(ctx, s.sql.abandoned, workflows, s.lockTimeoutUS, limit, perScope)
 	if err != nil {
 		return nil, err
 	}

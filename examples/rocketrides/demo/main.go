@@ -30,6 +30,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/atomicphase/atomicphase/internal/connstr"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/atomicphasetest"
@@ -113,7 +115,11 @@ func run(requests, workers int, hold bool) error {
 		defer srv.Stop()
 		dbURL = srv.URL
 	}
-	pool, err := pgxpool.New(ctx, dbURL)
+	cfg, err := connstr.Parse(dbURL)
+	if err != nil {
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return err
 	}

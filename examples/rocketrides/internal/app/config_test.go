@@ -1,6 +1,8 @@
 package app
 
 import (
+	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,5 +43,24 @@ func TestConfigFromEnvNamesEveryBadDuration(t *testing.T) {
 	_, err := ConfigFromEnv()
 	for _, want := range []string{`LOCK_TIMEOUT="0"`, `SWEEP_INTERVAL="-5s"`, "or 0 to turn the sweep off", `KEY_RETENTION="a day"`} {
 		require.ErrorContains(t, err, want)
+	}
+}
+
+// A DATABASE_URL invalid elsewhere than its password stops the server with
+// an error that says what is wrong and shows no part of the password.
+func TestRunKeepsTheDatabasePasswordSecret(t *testing.T) {
+	for _, url := range []string{
+		"host=127.0.0.1 password = S3cretPW port=abc",
+		"password =S3cretPW port=abc",
+		"postgres://u:S3c@retPW@127.0.0.1:abc/db",
+	} {
+		var log strings.Builder
+		err := Run(context.Background(), Config{DatabaseURL: url, Addr: "127.0.0.1:0"}, &log)
+		require.Error(t, err, url)
+		require.Contains(t, err.Error(), "invalid port")
+		for _, out := range []string{err.Error(), log.String()} {
+			require.NotContains(t, out, "S3c", url)
+			require.NotContains(t, out, "retPW", url)
+		}
 	}
 }

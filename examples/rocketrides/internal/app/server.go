@@ -18,6 +18,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/atomicphase/atomicphase/internal/connstr"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -182,7 +184,7 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 // for LISTEN) beside the requests and the sweep, unless url sets
 // pool_max_conns itself.
 func newPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, err := connstr.Parse(url)
 	if err != nil {
 		return nil, err
 	}
