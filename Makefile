@@ -3,11 +3,11 @@
 # none is there, scripts/ensure-postgres installs the binaries with apt-get.
 
 GO ?= go
-# The library's module and those of the OpenTelemetry adapter, the operator
-# CLI and the examples (go.work joins them, so one go command covers them
-# all; ./... stops at a nested module).
-MODULES := . apotel apui cmd/atomicphase examples
-PKGS := ./... ./apotel/... ./apui/... ./cmd/atomicphase/... ./examples/...
+# The library's module and those of the OpenTelemetry adapter, the apvet
+# analyzer, the console, the operator CLI and the examples (go.work joins
+# them, so one go command covers them all; ./... stops at a nested module).
+MODULES := . apotel apui apvet cmd/atomicphase examples
+PKGS := ./... ./apotel/... ./apui/... ./apvet/... ./cmd/atomicphase/... ./examples/...
 
 .PHONY: help
 help: ## List the targets
@@ -90,10 +90,21 @@ test/race: postgres chromium ## Run the whole test suite with the race detector
 	$(PLAIN) $(GO) test -race -count=1 $(PKGS)
 
 .PHONY: lint
-lint: ## Check formatting, go vet and a tidy go.mod in every module
+lint: ## Check formatting, go vet, a tidy go.mod in every module, and apvet over the examples
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	@for m in $(MODULES); do echo "(cd $$m && $(GO) mod tidy -diff)"; (cd $$m && $(GO) mod tidy -diff) || exit 1; done
+	@$(MAKE) --no-print-directory vet/workflows
+
+.PHONY: apvet
+apvet: ## Build the apvet workflow analyzer into bin/apvet
+	$(GO) build -o bin/apvet ./apvet/cmd/apvet
+
+# apvet is built from this repository (its module is in go.work) and run as
+# go vet's tool over the examples' workflows (docs/apvet.md).
+.PHONY: vet/workflows
+vet/workflows: apvet ## Check the examples' workflows with apvet (go vet -vettool)
+	$(GO) vet -vettool=$(CURDIR)/bin/apvet ./examples/...
 
 .PHONY: bench
 bench: postgres ## Run the benchmarks

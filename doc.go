@@ -75,7 +75,8 @@
 //     (recovery_point.go), and fails a run, releasing the key (lock.go);
 //   - fusion.go: the attempt's loop, unit by unit: a foreign phase's call
 //     (foreign_call.go, or reconcile.go when an earlier call may have gone
-//     out), the local phases on one transaction (phase_tx.go), routed by
+//     out), the local phases on one transaction (phase_tx.go, with its
+//     savepoints in savepoint.go), routed by
 //     their outcome (outcome.go), committed with the recovery point
 //     (recovery_point.go).
 //
@@ -90,8 +91,10 @@
 // # Testing
 //
 // The atomicphasetest package hands tests a real, migrated PostgreSQL
-// database, and its explorer runs a workflow through every fault point ×
-// action and checks its invariants after each. The faultinject package is
+// database and a real phase transaction for a phase's unit test
+// (BeginPhase, RunPhase), and its explorer runs a workflow through every
+// fault point × action of every attempt and checks its invariants after
+// each. The apvet analyzer (its own module) checks workflows statically. The faultinject package is
 // what a running server links: it crashes runs at named fault points, in
 // process or as a real process kill, as ATOMICPHASE_FAULTS says.
 package atomicphase

@@ -96,6 +96,12 @@ var (
 	// Rollback: the Runner commits a phase together with its recovery point,
 	// so a phase must not end its transaction itself.
 	ErrPhaseTxControl = errors.New("atomicphase: the runner commits and rolls back phase transactions")
+
+	// ErrPhaseTxEscaped fails a phase, permanently, whose transaction was
+	// ended through Tx.Conn: a COMMIT sent there (pgx.BeginFunc on it, say),
+	// which fails and rolls the transaction back, or a ROLLBACK. The key is
+	// parked, as for any programming error.
+	ErrPhaseTxEscaped = errors.New("atomicphase: the phase's transaction was ended through Tx.Conn")
 )
 
 // ErrOutcomeUnknown means a foreign call to a downstream without

@@ -269,10 +269,8 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 		out := Outcome{}
 		if st.local != nil {
 			var err error
-			if state, out, err = st.local(pr.ctx, tx, state); err == nil {
-				err = tx.err
-			}
-			if err != nil {
+			state, out, err = st.local(pr.ctx, tx, state)
+			if err = tx.end(err); err != nil {
 				return fail(st.name, err)
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -315,4 +316,32 @@ func (o *recordingObserver) Observe(_ context.Context, e atomicphase.Event) { o.
 
 func (o *recordingObserver) StartSpan(ctx context.Context, _ atomicphase.Span) (context.Context, func(error)) {
 	return ctx, o.end
+}
+
+// A finished key keeps no error of its failed attempts: the text may quote
+// what the client sent, and the answer is stored now.
+func TestFinishedKeyForgetsItsLastError(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var failed atomic.Bool
+	wf := atomicphase.MustWorkflow("forgets_error", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
+		atomicphase.Local("charge", func(context.Context, atomicphase.Tx, *struct{}) (atomicphase.Outcome, error) {
+			if !failed.Swap(true) {
+				return atomicphase.Outcome{}, errors.New("card 4242424242424242 declined by the network")
+			}
+			return atomicphase.Respond(201, []byte("ok")), nil
+		}),
+	}, nil)
+	req := atomicphase.Request{Scope: "s", Key: "k", Method: "POST", Path: "/"}
+	_, err := b.runner.Run(b.ctx, wf, req)
+	require.Error(t, err)
+	info, err := b.runner.Inspect(b.ctx, "s", "k")
+	require.NoError(t, err)
+	require.NotNil(t, info.LastError, "an unfinished key keeps why its attempt failed")
+	_, err = b.runner.Run(b.ctx, wf, req)
+	require.NoError(t, err)
+	info, err = b.runner.Inspect(b.ctx, "s", "k")
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.KeyFinished, info.Status)
+	require.Nil(t, info.LastError, "a finished key forgets it")
 }

@@ -171,3 +171,45 @@ func TestWorkflowThroughPgBouncer(t *testing.T) {
 		})
 	}
 }
+
+// The guard a phase's transaction holds once the phase asked for Conn (a
+// WITH HOLD cursor, closed just before the Runner's COMMIT) works through
+// PgBouncer in transaction pooling mode: a phase using Conn commits, and a
+// COMMIT sent through Conn by pgx.BeginFunc still fails and rolls back.
+func TestPhaseTxGuardThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	atomicphasetest.SkipWithoutPgBouncer(t)
+	for name, mode := range bouncerModes {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setupDB(t, &atomicphasetest.Options{
+				SetupID:   testDBOpts.SetupID,
+				Setup:     testDBOpts.Setup,
+				PgBouncer: true,
+				PoolConfig: func(cfg *pgxpool.Config) {
+					cfg.ConnConfig.DefaultQueryExecMode = mode
+				},
+			}, nil)
+			type st = struct{}
+			viaConn := atomicphase.MustWorkflow("via_conn", startEmpty[st], []atomicphase.Phase[st]{
+				atomicphase.Local("write", func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
+					_, err := tx.Conn().Exec(ctx, `INSERT INTO effects (scope, key, phase) VALUES ('u', 'ok', 'write')`)
+					return atomicphase.Respond(200, nil), err
+				}),
+			}, nil)
+			_, err := b.runner.Run(b.ctx, viaConn, atomicphase.Request{Scope: "u", Key: "ok", Method: "POST", Path: "/c"})
+			require.NoError(t, err)
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE key = 'ok'`))
+
+			escaping := escapeWorkflow("escaping", func(ctx context.Context, tx atomicphase.Tx) error {
+				return pgx.BeginFunc(ctx, tx.Conn(), func(inner pgx.Tx) error {
+					_, err := inner.Exec(ctx, insertEffect)
+					return err
+				})
+			})
+			_, err = b.runner.Run(b.ctx, escaping, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/c"})
+			require.ErrorIs(t, err, atomicphase.ErrPhaseTxEscaped)
+			require.Zero(t, b.count(t, `SELECT count(*) FROM effects WHERE key = 'k'`))
+		})
+	}
+}

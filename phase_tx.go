@@ -3,11 +3,13 @@ package atomicphase
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/atomicphase/atomicphase/internal/keystore"
+	"github.com/atomicphase/atomicphase/internal/txcontrol"
 )
 
 // phaseTx is the Tx a phase function receives: one transaction, shared by
@@ -23,6 +25,13 @@ type phaseTx struct {
 	opts pgx.TxOptions
 	tx   pgx.Tx // nil until the first send
 	err  error  // a failure no pgx.Tx method could return
+	// guard is set once Conn handed out the connection: the guard cursor
+	// is declared with the next send (guarded, once it is).
+	guard, guarded bool
+	// refused is the first refusal of transaction control, or of a
+	// statement sent once the transaction was ended through Conn: it
+	// fails the phase whatever its function returns.
+	refused error
 	// phase is the phase whose function runs now; queued statements are
 	// charged to it.
 	phase string
@@ -60,11 +69,95 @@ func newPhaseTx(conn *pgx.Conn, iso pgx.TxIsoLevel) *phaseTx {
 func (t *phaseTx) begun() bool { return t.tx != nil }
 
 // pending reports whether anything waits to be sent.
-func (t *phaseTx) pending() bool { return t.rec != nil || len(t.queue) > 0 }
+func (t *phaseTx) pending() bool {
+	return t.rec != nil || len(t.queue) > 0 || t.guard && !t.guarded
+}
 
-// Queue adds a statement to be sent with the transaction's next send.
+// Queue adds a statement to be sent with the transaction's next send. A
+// statement that is transaction control is refused (not queued), and the
+// phase fails.
 func (t *phaseTx) Queue(sql string, args ...any) {
+	if t.refuseControl(sql) != nil {
+		return
+	}
 	t.queue = append(t.queue, queued{sql: sql, args: args, phase: t.phase})
+}
+
+// The phase's transaction cannot be ended from inside the phase: the
+// Runner commits it with the recovery point, so that what the phase wrote
+// and the key's progress commit together or not at all. A phase that
+// commits its writes itself makes them outlive its own failure, and the
+// retry writes them again. Transaction control in SQL text is refused
+// before it is sent (check); transaction control through Conn, which no
+// method here sees, is found on the next statement sent through the Tx and
+// when the phase's function returns (escaped), and the phase fails closed:
+// permanently, so that no retry repeats what already committed.
+
+// The guard makes a COMMIT the Runner did not send fail, and roll the
+// transaction back: a phase transaction whose Conn was handed out declares
+// (pipelined with what it sends next) a cursor WITH HOLD whose query fails
+// when it runs, and a holdable cursor's query runs when its transaction
+// commits. The Runner closes the cursor in its commit's batch, just before
+// COMMIT (guardClose); a COMMIT sent through Conn (pgx.BeginFunc's, say)
+// finds it open and fails, with the message below, before anything
+// commits. random() keeps the query from being evaluated (and failing) when
+// it is planned. Only Conn needs it: the Tx's own methods refuse
+// transaction control before sending it, so a phase that never asks for
+// Conn pays nothing.
+const (
+	guardDeclare = `DECLARE ap_phase_guard CURSOR WITH HOLD FOR SELECT ('atomicphase: refused: a COMMIT sent from inside a phase, through Tx.Conn; the Runner commits the phase with its recovery point ' || random())::int`
+	guardClose   = `CLOSE ap_phase_guard`
+)
+
+// check refuses, before anything is sent, a statement that is transaction
+// control, and any statement once the transaction was ended through Conn
+// (it would run in autocommit). The refusal also fails the phase.
+func (t *phaseTx) check(sql string) error {
+	if err := t.escaped(); err != nil {
+		return err
+	}
+	return t.refuseControl(sql)
+}
+
+func (t *phaseTx) refuseControl(sql string) error {
+	if t.refused != nil {
+		return t.refused
+	}
+	if stmt, ok := txcontrol.Find(sql); ok {
+		t.refused = Permanent(fmt.Errorf("%w: the phase sent %q, which would end its transaction; return an error from the phase to roll it back, and leave the commit to the Runner", ErrPhaseTxControl, stmt))
+	}
+	return t.refused
+}
+
+// escaped reports, as the phase's permanent failure, a transaction that was
+// begun and is no longer open on the connection: a COMMIT sent through Conn
+// (pgx.BeginFunc on it, say), which the guard made fail and roll back, or a
+// ROLLBACK, ended it. Nothing the phase wrote in it committed; but what it
+// sent through Conn since ran in autocommit.
+func (t *phaseTx) escaped() error {
+	if t.refused != nil {
+		return t.refused
+	}
+	// A broken connection (a terminated backend, a lost network) ended
+	// the transaction too, but nothing of it committed: that failure is the
+	// statement's own, and transient.
+	if t.tx != nil && !t.conn.IsClosed() && t.conn.PgConn().TxStatus() == 'I' {
+		t.refused = Permanent(fmt.Errorf("%w: its writes rolled back; send nothing through Tx.Conn that commits or rolls back (pgx.BeginFunc on it does), and return an error from the phase to roll it back", ErrPhaseTxEscaped))
+	}
+	return t.refused
+}
+
+// end returns what the phase ends with, given its function's error: the
+// refusal or escape first (the function may have swallowed it), then the
+// function's own error, then a failure no method could return.
+func (t *phaseTx) end(err error) error {
+	if rerr := t.escaped(); rerr != nil {
+		return rerr
+	}
+	if err == nil {
+		err = t.err
+	}
+	return err
 }
 
 // send sends, in one round trip: BEGIN unless the transaction has begun,
@@ -77,6 +170,10 @@ func (t *phaseTx) send(ctx context.Context, tail func(*pgx.Batch)) (pgx.BatchRes
 	begin := t.tx == nil
 	if begin {
 		b.BeginTx(t.opts)
+	}
+	guard := t.guard && !t.guarded
+	if guard {
+		b.Queue(guardDeclare)
 	}
 	rec, queue := t.rec, t.queue
 	t.rec, t.queue = nil, nil
@@ -95,6 +192,12 @@ func (t *phaseTx) send(ctx context.Context, tail func(*pgx.Batch)) (pgx.BatchRes
 		if _, err := br.Exec(); err != nil { // BEGIN's result
 			return nil, closeAfter(br, err)
 		}
+	}
+	if guard {
+		if _, err := br.Exec(); err != nil {
+			return nil, closeAfter(br, err)
+		}
+		t.guarded = true
 	}
 	if rec != nil {
 		if err := rec.Read(br); err != nil {
@@ -132,6 +235,9 @@ func (t *phaseTx) flush(ctx context.Context) error {
 }
 
 func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := t.check(sql); err != nil {
+		return pgconn.CommandTag{}, err
+	}
 	if t.tx != nil && !t.pending() {
 		return t.tx.Exec(ctx, sql, args...)
 	}
@@ -147,6 +253,9 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 }
 
 func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := t.check(sql); err != nil {
+		return nil, err
+	}
 	if t.tx != nil && !t.pending() {
 		return t.tx.Query(ctx, sql, args...)
 	}
@@ -169,6 +278,11 @@ func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 // SendBatch sends b after whatever waits to be sent: in one round trip
 // when nothing does.
 func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	for _, q := range b.QueuedQueries {
+		if err := t.check(q.SQL); err != nil {
+			return pgx.FailedBatchResults(b, err)
+		}
+	}
 	if err := t.flush(ctx); err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
@@ -176,6 +290,9 @@ func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 }
 
 func (t *phaseTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.escaped(); err != nil {
+		return 0, err
+	}
 	if err := t.flush(ctx); err != nil {
 		return 0, err
 	}
@@ -183,15 +300,27 @@ func (t *phaseTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []str
 }
 
 func (t *phaseTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := t.check(sql); err != nil {
+		return nil, err
+	}
 	return t.conn.Prepare(ctx, name, sql)
 }
 
 // Begin starts a pseudo nested transaction (a savepoint) inside the phase.
+// Statements queued while it is open follow it: sent inside it before it
+// is released, dropped when it rolls back.
 func (t *phaseTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := t.escaped(); err != nil {
+		return nil, err
+	}
 	if err := t.flush(ctx); err != nil {
 		return nil, err
 	}
-	return t.tx.Begin(ctx)
+	sp, err := t.tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &savepoint{t: t, sp: sp, guarded: t.guarded}, nil
 }
 
 // LargeObjects begins the transaction first, since large objects only work
@@ -216,8 +345,14 @@ func (t *phaseTx) Rollback(context.Context) error { return ErrPhaseTxControl }
 // returned connection runs inside it: before, a statement sent there ran in
 // autocommit and outlived a phase that rolled back. pgx gives Conn no way to
 // carry an error, so if BEGIN fails (the connection broke) the phase's
-// commit reports the error.
+// commit reports the error. Transaction control sent through the returned
+// connection (pgx.BeginFunc on it, a COMMIT) is not seen as it is sent: a
+// COMMIT fails on the guard (see guardDeclare) and rolls the transaction
+// back, and a transaction so ended fails the phase permanently at the next
+// statement sent through the Tx, or when the phase's function returns
+// (escaped).
 func (t *phaseTx) Conn() *pgx.Conn {
+	t.guard = true
 	if err := t.flush(context.Background()); err != nil {
 		t.err = err
 	}

@@ -64,10 +64,19 @@ func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *c
 	if err != nil {
 		return err
 	}
+	if cp.point == RecoveryPointFinished && a.attempts > 1 {
+		// An earlier attempt may have failed: its error goes with the
+		// commit that stores the response (it may quote the client).
+		clear, clearArgs := a.r.store.ClearLastError(a.scope, a.key, a.token)
+		tx.Queue(clear, clearArgs...)
+	}
 	if tx.begun() || tx.pending() {
 		var br pgx.BatchResults
 		br, err = tx.send(ctx, func(b *pgx.Batch) {
 			b.Queue(sql, args...)
+			if tx.guard {
+				b.Queue(guardClose)
+			}
 			b.Queue("COMMIT")
 		})
 		if err == nil {

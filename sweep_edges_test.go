@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -69,7 +70,10 @@ func TestSweepTakesOnlyKeysStillDue(t *testing.T) {
 	failAll.Store(false)
 	sweeping.Store(true)
 
-	s := newSweeper(t, b, nil)
+	// One worker: the sweep resumes k1, then k2, as the scenario needs.
+	s := newSweeper(t, b, &atomicphase.SweepConfig{Workers: 1})
+	var closeBlock sync.Once
+	defer closeBlock.Do(func() { close(block) }) // never leave the sweep blocked, whatever fails
 	done := make(chan atomicphase.SweepResult)
 	go func() {
 		res, err := s.RunOnce(b.ctx)
@@ -83,7 +87,7 @@ func TestSweepTakesOnlyKeysStillDue(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, atomicphase.KeyParked, info.Status)
 	require.EqualValues(t, 1, k2runs.Load())
-	close(block)
+	closeBlock.Do(func() { close(block) })
 	res := <-done
 	t.Logf("sweep result %+v; k2 phase runs %d", res, k2runs.Load())
 	require.EqualValues(t, 1, k2runs.Load(), "the sweep ran a key that was parked by the time it took it")

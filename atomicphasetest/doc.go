@@ -77,11 +77,22 @@
 //
 // # Exploring faults
 //
-// Explore runs a Scenario once cleanly, recording the fault points it
-// passes, then once more per point × action with that fault injected
-// (through the faultinject package), each on a clean database, retrying
-// like a client until a final answer and checking the invariants after each.
-// See Scenario, and docs/fault-injection.md in the repository.
+// Explore runs a Scenario once cleanly, recording the fault points every
+// attempt of it passes, then once more per attempt × point × action with
+// that fault injected on that attempt (through the faultinject package),
+// and with the following attempts faulted at the same point, each on a
+// clean database, retrying like a client until a final answer and checking
+// the invariants after each; Report.Coverage says what it explored and what
+// it skipped. ExploreDuplicates sends the same request a second time,
+// concurrently, at every point instead. See Scenario, and
+// docs/fault-injection.md in the repository.
+//
+// # Unit-testing a phase
+//
+// BeginPhase gives a test the real transaction a local phase receives, on
+// a test database, to call a phase function with directly; PhaseTx.End
+// commits it (its queued writes with it) or rolls it back, as the Runner
+// would. RunPhase does both around a LocalFunc.
 //
 // This package imports testing and a Docker client: use it from tests and
 // development tools, never from a server's import path.

@@ -94,18 +94,30 @@ func ExampleSurvey() {
 	fmt.Print(rep)
 	fmt.Println("violation:", rep.Violation())
 	// Output:
-	// fault exploration "checkout": 8 points, 10 runs
-	// POINT                            ACTION           ATTEMPTS  OUTCOME  INVARIANT
-	// (none)                           -                1         201      ok
-	// checkout:before-acquire          crash            2         201      ok
-	// checkout:after-acquire           crash            2         201      ok
-	// checkout:charge:before-phase     crash            2         201      ok
-	// checkout:charge:after-foreign    crash            2         201      ok
-	// checkout:record:before-phase     crash            2         201      ok
-	// checkout:record:before-response  crash            2         201      ok
-	// checkout:record:before-commit    crash            2         201      ok
-	// checkout:record:before-commit    lose-commit-ack  2         201      ok
-	// checkout:record:after-commit     crash            2         201      ok
+	// fault exploration "checkout": 8 points, 17 runs
+	// POINT                                                                ACTION           ATTEMPTS  OUTCOME  INVARIANT
+	// (none)                                                               -                1         201      ok
+	// checkout:before-acquire                                              crash            2         201      ok
+	// checkout:before-acquire → checkout:before-acquire@2                  crash → crash    3         201      ok
+	// checkout:after-acquire                                               crash            2         201      ok
+	// checkout:after-acquire → checkout:after-acquire@2                    crash → crash    3         201      ok
+	// checkout:charge:before-phase                                         crash            2         201      ok
+	// checkout:charge:before-phase → checkout:charge:before-phase@2        crash → crash    3         201      ok
+	// checkout:charge:after-foreign                                        crash            2         201      ok
+	// checkout:charge:after-foreign → checkout:charge:after-foreign@2      crash → crash    3         201      ok
+	// checkout:record:before-phase                                         crash            2         201      ok
+	// checkout:record:before-phase → checkout:record:before-phase@2        crash → crash    3         201      ok
+	// checkout:record:before-response                                      crash            2         201      ok
+	// checkout:record:before-response → checkout:record:before-response@2  crash → crash    3         201      ok
+	// checkout:record:before-commit                                        crash            2         201      ok
+	// checkout:record:before-commit → checkout:record:before-commit@2      crash → crash    3         201      ok
+	// checkout:record:before-commit                                        lose-commit-ack  2         201      ok
+	// checkout:record:after-commit                                         crash            2         201      ok
+	// coverage:
+	// ATTEMPT      POINTS  ACTIONS  POINTS×ACTIONS  RUN  SKIPPED
+	// 1            8       2        16              9    7 (4 no connection held there; 3 no commit follows)
+	// consecutive  -       -        -               7    2 (2 the retry does not pass the point again)
+	// all                                           16
 	// violation: <nil>
 }
 

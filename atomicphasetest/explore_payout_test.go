@@ -17,6 +17,14 @@ import (
 // keys, whose first call goes as first says (testshop.Bank.First), with
 // the pay phase reconciled or not.
 func payoutScenario(first string, reconcile bool) atomicphasetest.Scenario {
+	rec := testshop.NoReconcile
+	if reconcile {
+		rec = testshop.Reconcile
+	}
+	return payoutScenarioWith(first, rec)
+}
+
+func payoutScenarioWith(first string, rec testshop.Reconciliation) atomicphasetest.Scenario {
 	return atomicphasetest.Scenario{
 		Name:   "payout " + first,
 		DB:     shopDB,
@@ -24,7 +32,7 @@ func payoutScenario(first string, reconcile bool) atomicphasetest.Scenario {
 		Setup: func(t testing.TB, db *atomicphasetest.DB) *atomicphasetest.Trial {
 			bank := testshop.NewBank()
 			bank.First = first
-			wf := testshop.PayoutWorkflow(bank, reconcile)
+			wf := testshop.PayoutWorkflowWith(bank, rec)
 			return &atomicphasetest.Trial{
 				Attempt: func(ctx context.Context, runner *atomicphase.Runner) (*atomicphase.Response, error) {
 					return runner.Run(ctx, wf, testshop.Request())
@@ -108,4 +116,77 @@ func TestExplorerCatchesAnUnreconciledPayout(t *testing.T) {
 			t.Logf("caught at %v: %v", v.Faults, v.Violation)
 		})
 	}
+}
+
+// TestExplorerFaultsEveryAttemptOfTheCleanRun: when the bank's first answer
+// is lost, the clean run takes two attempts (409, then a retry that
+// reconciles), and the second attempt's points — after-acquire, the
+// commit recording what the reconcile found, confirm's — are explored
+// too, each with every action. A reconcile with a side effect of its own
+// (an acknowledgement at the bank) runs only on a later attempt, so only a
+// fault on the second attempt repeats it: the explorer must catch that.
+func TestExplorerFaultsEveryAttemptOfTheCleanRun(t *testing.T) {
+	t.Parallel()
+	t.Run("sound", func(t *testing.T) {
+		t.Parallel()
+		rep := atomicphasetest.Explore(t, payoutScenario(testshop.BankActThenLose, true))
+		require.Len(t, rep.Attempts, 2, "the clean run takes two attempts")
+		require.Len(t, rep.Coverage.Attempts, 2)
+		second := rep.Coverage.Attempts[1]
+		require.Positive(t, second.Points)
+		require.Positive(t, second.Run, "the second attempt's points are faulted")
+		faultedSecond := map[atomicphase.FaultPoint]bool{}
+		for _, row := range rep.Rows[1:] {
+			require.Equal(t, "201", row.Outcome, "%v", row.Faults)
+			if f := row.Faults[0]; f.Attempt == 2 {
+				faultedSecond[f.Point] = true
+			}
+		}
+		require.True(t, faultedSecond[atomicphase.FaultPoint{Workflow: "payout", Place: atomicphase.AfterAcquire}])
+		require.True(t, faultedSecond[atomicphase.FaultPoint{Workflow: "payout", Phase: "confirm", Place: atomicphase.BeforeCommit}])
+		require.Positive(t, rep.Coverage.Consecutive, "plans fault consecutive attempts too")
+		require.Contains(t, rep.String(), "coverage:")
+	})
+	t.Run("reconcile with a side effect", func(t *testing.T) {
+		t.Parallel()
+		rep := atomicphasetest.Survey(t, payoutScenarioWith(testshop.BankActThenLose, testshop.ReconcileAndAck))
+		v := rep.Violation()
+		require.NotNil(t, v, "the explorer must catch this workflow:\n%s", rep)
+		require.ErrorContains(t, v.Violation, "acknowledgements for reference")
+		require.Equal(t, 2, v.Faults[0].Attempt, "caught by a fault on the attempt that reconciles")
+		require.Contains(t, rep.String(), "VIOLATED")
+		t.Logf("caught at %v: %v", v.Faults, v.Violation)
+	})
+}
+
+// TestExplorerFaultsTheSweepFinishingAKey: with Scenario.Sweep, the sweep
+// runs after every failed attempt, before the client's retry; when the
+// bank's first answer is lost, the clean run is the client's 409, the sweep
+// reconciling and finishing the key, and the client's replay, and the
+// sweep's points are faulted with every action like the client's.
+func TestExplorerFaultsTheSweepFinishingAKey(t *testing.T) {
+	t.Parallel()
+	sc := payoutScenario(testshop.BankActThenLose, true)
+	sc.Sweep = true
+	rep := atomicphasetest.Explore(t, sc)
+	require.Len(t, rep.Attempts, 3, "client, sweep, client")
+	require.Positive(t, rep.Coverage.Attempts[1].Run, "the sweep's attempt is faulted")
+	sweepFaults := 0
+	for _, row := range rep.Rows[1:] {
+		require.Equal(t, "201", row.Outcome, "%v", row.Faults)
+		if row.Faults[0].Attempt == 2 {
+			sweepFaults++
+		}
+	}
+	require.Positive(t, sweepFaults)
+
+	t.Run("reconcile with a side effect", func(t *testing.T) {
+		t.Parallel()
+		sc := payoutScenarioWith(testshop.BankActThenLose, testshop.ReconcileAndAck)
+		sc.Sweep = true
+		v := atomicphasetest.Survey(t, sc).Violation()
+		require.NotNil(t, v)
+		require.ErrorContains(t, v.Violation, "acknowledgements for reference")
+		require.Equal(t, 2, v.Faults[0].Attempt, "caught by a fault on the sweep's attempt")
+	})
 }

@@ -58,10 +58,19 @@ func TestExploreEveryPointAndAction(t *testing.T) {
 	// response, the commit it shares with charge's record step, and after).
 	require.Len(t, uniq(rep.Points), 10)
 	runs := map[faultinject.Action]int{}
+	consecutive := 0
 	for _, row := range rep.Rows[1:] {
-		runs[row.Faults[0].Action]++
 		require.Equal(t, "201", row.Outcome)
+		if len(row.Faults) > 1 {
+			consecutive++
+			continue
+		}
+		runs[row.Faults[0].Action]++
 	}
+	require.Len(t, rep.Coverage.Attempts, 1, "the clean run takes one attempt")
+	require.Equal(t, 10, rep.Coverage.Attempts[0].Points)
+	require.Equal(t, consecutive, rep.Coverage.Consecutive)
+	require.Positive(t, consecutive, "the retry is faulted at the same point too")
 	require.Equal(t, 10, runs[faultinject.Crash])
 	require.Equal(t, 10, runs[faultinject.Error])
 	require.Equal(t, 10, runs[faultinject.Panic])

@@ -71,3 +71,15 @@ func (s *Store) TakeVerdict(ctx context.Context, db DB, scope, key string, token
 	}
 	return &happened, result, nil
 }
+
+// clearLastErrorSQL forgets the error of a key's failed attempts, fenced by
+// the lock token, in the transaction that stores its response: the error
+// may quote what the client sent, and a finished key needs it no more.
+const clearLastErrorSQL = `UPDATE /* TEMPLATE: schema */idempotency_keys SET last_error = NULL
+WHERE scope = $1::text AND idempotency_key = $2::text AND lock_token = $3::bigint AND last_error IS NOT NULL`
+
+// ClearLastError returns the statement that forgets a finishing key's last
+// error, and its arguments, for the caller to queue before the checkpoint.
+func (s *Store) ClearLastError(scope, key string, token int64) (sql string, args []any) {
+	return s.sql.clearLastError, []any{scope, key, token}
+}

@@ -40,6 +40,7 @@ var fanOut = map[string]string{
 	"unknownSQL":        "the sweep counts abandoned keys of unknown workflows in every scope",
 	"reapSQL":           "the sweep deletes old finished keys of every scope",
 	"ageLocksSQL":       "tests age every held lock (atomicphasetest.AgeLocks)",
+	"ageBackoffsSQL":    "the explorer's sweep makes every key due (Scenario.Sweep)",
 	"levelsSQL":         "the console counts the unfinished keys of every scope",
 	"recentTroubleSQL":  "the console lists recent parks and unknown outcomes of every scope",
 	"pageSQL":           "the console pages through the whole table",
@@ -118,7 +119,7 @@ func TestStatementsAreCitusCompatible(t *testing.T) {
 	t.Parallel()
 	stmts := packageStatements(t)
 	for _, name := range []string{"acquireSQL", "peekSQL", "recordSQL", "ownedBySQL", "takeSQL", "releaseSQL",
-		"checkpointSQL", "inspectSQL", "listKeysSQL", "unparkSQL", "forgetSQL", "recordResolutionSQL",
+		"checkpointSQL", "clearLastErrorSQL", "inspectSQL", "listKeysSQL", "unparkSQL", "forgetSQL", "recordResolutionSQL",
 		"takeVerdictSQL", "abandonedSQL", "unknownSQL", "reapSQL"} {
 		require.Contains(t, stmts, name, "the statements are found in the source")
 	}

@@ -70,7 +70,7 @@ type Store struct {
 
 // statements are the statements rendered once for the Store's schema.
 type statements struct {
-	acquire, peek, record, ownedBy, take, release, checkpoint, takeVerdict,
+	acquire, peek, record, ownedBy, take, release, checkpoint, clearLastError, takeVerdict,
 	inspect, list, unpark, forget, recordResolution,
 	abandoned, unknownWorkflows, reap,
 	levels, recentTrouble, page, pageUnfinished, scopeKeys,
@@ -89,6 +89,7 @@ func New(schema string, lockTimeout time.Duration) *Store {
 		take:             r(takeSQL),
 		release:          r(releaseSQL),
 		checkpoint:       r(checkpointSQL),
+		clearLastError:   r(clearLastErrorSQL),
 		takeVerdict:      r(takeVerdictSQL),
 		inspect:          r(inspectSQL),
 		list:             r(listKeysSQL),

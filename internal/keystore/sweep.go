@@ -114,6 +114,21 @@ const ageLocksSQL = `UPDATE /* TEMPLATE: schema */idempotency_keys
 		SET locked_at = (locked_at AT TIME ZONE 'UTC' - $1::bigint * interval '1 microsecond') AT TIME ZONE 'UTC'
 		WHERE locked_at IS NOT NULL`
 
+// ageBackoffsSQL makes every unfinished key due for the sweep now: the
+// backoff a failed attempt set has passed. On Citus the statement goes to
+// every shard, as it means to.
+const ageBackoffsSQL = `UPDATE /* TEMPLATE: schema */idempotency_keys
+		SET next_attempt_at = NULL
+		WHERE next_attempt_at IS NOT NULL`
+
+// AgeBackoffs makes every key in schema's key table due for the sweep: the
+// passage of time after a failed attempt, for tests (the explorer's
+// Scenario.Sweep).
+func AgeBackoffs(ctx context.Context, db Execer, schema string) error {
+	_, err := db.Exec(ctx, Render(ageBackoffsSQL, schema))
+	return err
+}
+
 // AgeLocks moves every held lock in schema's key table back by d: the
 // passage of time after a crash, without the wait, for tests
 // (atomicphasetest.AgeLocks).

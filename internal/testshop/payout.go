@@ -28,6 +28,7 @@ type Bank struct {
 	calls   int
 	payouts map[string][]string // reference → payout ids
 	twice   []string            // references paid more than once
+	acks    map[string]int      // reference → acknowledgements
 }
 
 // The Bank.First modes.
@@ -38,7 +39,15 @@ const (
 
 // NewBank returns a bank that pays and answers every call (then First
 // applies to its first call).
-func NewBank() *Bank { return &Bank{payouts: map[string][]string{}} }
+func NewBank() *Bank { return &Bank{payouts: map[string][]string{}, acks: map[string]int{}} }
+
+// Ack acknowledges the payout made with ref, as a legacy "confirm receipt"
+// endpoint does: every call is an effect of its own.
+func (b *Bank) Ack(ref string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.acks[ref]++
+}
 
 // Pay makes a payout for ref, or fails as First says on the first call.
 func (b *Bank) Pay(ref string) (string, error) {
@@ -77,7 +86,16 @@ func (b *Bank) CheckPayouts(ctx context.Context, pool *pgxpool.Pool, body []byte
 	for _, ids := range b.payouts {
 		all = append(all, ids...)
 	}
+	acks := map[string]int{}
+	for ref, n := range b.acks {
+		acks[ref] = n
+	}
 	b.mu.Unlock()
+	for ref, n := range acks {
+		if n > 1 {
+			return fmt.Errorf("%d acknowledgements for reference %s at the bank, want at most 1", n, ref)
+		}
+	}
 	if len(twice) > 0 {
 		return fmt.Errorf("%d effects for reference %s at the bank, want at most 1", len(b.Lookup(twice[0])), twice[0])
 	}
@@ -101,13 +119,38 @@ func (b *Bank) CheckPayouts(ctx context.Context, pool *pgxpool.Pool, body []byte
 	return nil
 }
 
-// PayoutWorkflow is "payout": create_order → pay (a foreign call to bank,
-// with the downstream key as the payout's reference; the payout id goes in
-// Order.ChargeID) → confirm. With
-// reconcile, pay is declared WithReconcile and looks the reference up; without
-// it, the same non-idempotent call is declared as if the bank deduplicated
-// by key, which it does not: the broken variant the explorer must catch.
+// Reconciliation is how PayoutWorkflow's pay phase learns whether an
+// earlier attempt paid.
+type Reconciliation int
+
+// The reconciliations.
+const (
+	// NoReconcile declares the non-idempotent call as if the bank
+	// deduplicated by key, which it does not: the broken variant the
+	// explorer must catch.
+	NoReconcile Reconciliation = iota
+	// Reconcile looks the reference up: the sound variant.
+	Reconcile
+	// ReconcileAndAck looks the reference up and, finding the payout,
+	// acknowledges it at the bank: a side effect in the reconcile function,
+	// repeated by every attempt that reconciles. Only an attempt after the
+	// first reconciles, so only a fault on a later attempt shows it.
+	ReconcileAndAck
+)
+
+// PayoutWorkflow is PayoutWorkflowWith(bank, Reconcile) when reconcile is
+// true, NoReconcile when false.
 func PayoutWorkflow(bank *Bank, reconcile bool) *atomicphase.Workflow[Order] {
+	if reconcile {
+		return PayoutWorkflowWith(bank, Reconcile)
+	}
+	return PayoutWorkflowWith(bank, NoReconcile)
+}
+
+// PayoutWorkflowWith is "payout": create_order → pay (a foreign call to bank,
+// with the downstream key as the payout's reference; the payout id goes in
+// Order.ChargeID) → confirm, pay reconciled as rec says.
+func PayoutWorkflowWith(bank *Bank, rec Reconciliation) *atomicphase.Workflow[Order] {
 	start := func(in OrderInput, _ *atomicphase.Request) (Order, error) {
 		return Order{Item: in.Item}, nil
 	}
@@ -118,11 +161,14 @@ func PayoutWorkflow(bank *Bank, reconcile bool) *atomicphase.Workflow[Order] {
 			return err
 		})
 	}, nil)
-	if reconcile {
+	if rec != NoReconcile {
 		pay = pay.WithReconcile(func(ctx context.Context, call *atomicphase.ForeignCall, o *Order) (bool, error) {
 			ids := bank.Lookup(call.Key())
 			if len(ids) == 0 {
 				return false, nil
+			}
+			if rec == ReconcileAndAck {
+				bank.Ack(call.Key())
 			}
 			o.ChargeID = ids[0]
 			return true, nil

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/atomicphasetest"
 	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
@@ -18,15 +20,43 @@ import (
 
 // The explorer runs the booking workflow — ride, charge, payout through a
 // bank without idempotency keys, receipt through the outbox — at every
-// fault point × action, each on a clean database, retrying like a client,
-// and checks after each: one ride, one distinct charge, exactly one payout
-// for the ride's reference, one receipt job, all naming the same ride.
+// fault point × action of every attempt, each on a clean database,
+// retrying like a client, and checks after each: one ride, one distinct
+// charge, exactly one payout for the ride's reference, one receipt job, all
+// naming the same ride. It explores two flows: the bank answering, where the
+// clean run takes one attempt; and the bank paying then losing its answer,
+// where the clean run takes two (409 outcome-unknown, then a retry that
+// reconciles the payout by lookup), so the reconciling attempt's points are
+// faulted too.
 func TestBookingSurvivesEveryFault(t *testing.T) {
 	if testing.Short() {
 		t.Skip("explores every fault point; -short skips it")
 	}
+	for _, c := range []struct {
+		name     string
+		lost     []fakebank.Failure // the bank's first payouts' failures
+		attempts int                // the clean run's
+	}{
+		{"bank answers", nil, 1},
+		{"payout answer lost", []fakebank.Failure{fakebank.ActThen5xx}, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			rep := atomicphasetest.Explore(t, bookingScenario(c.name, c.lost))
+			require.Len(t, rep.Attempts, c.attempts)
+			for _, a := range rep.Coverage.Attempts {
+				require.Positive(t, a.Run, "attempt %d is faulted", a.Attempt)
+			}
+			t.Logf("%d runs, %d fault points\n%s", len(rep.Rows), len(rep.Points), rep.Coverage)
+		})
+	}
+}
+
+// bookingScenario explores one booking, the bank failing its first
+// payouts as lost says.
+func bookingScenario(name string, lost []fakebank.Failure) atomicphasetest.Scenario {
 	sc := atomicphasetest.Scenario{
-		Name: "rocketrides create_ride",
+		Name: "rocketrides create_ride, " + name,
 		DB:   dbOptions,
 		Setup: func(t testing.TB, db *atomicphasetest.DB) *atomicphasetest.Trial {
 			payments, err := fakestripe.Start()
@@ -37,6 +67,7 @@ func TestBookingSurvivesEveryFault(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			bank.FailNext(lost...)
 			mailer, err := fakemailer.Start(nil)
 			if err != nil {
 				t.Fatal(err)
@@ -93,6 +124,31 @@ func TestBookingSurvivesEveryFault(t *testing.T) {
 	if testing.Verbose() {
 		sc.Out = os.Stdout
 	}
-	rep := atomicphasetest.Explore(t, sc)
-	t.Logf("%d runs, %d fault points", len(rep.Rows), len(rep.Points))
+	return sc
+}
+
+// TestBookingConcurrentDuplicateAtEveryPoint sends the same booking a
+// second time, concurrently, while the first stands at each point of each
+// attempt: one ride, one charge, one payout, one receipt all the same, and
+// the duplicate gets the final answer or an error its client retries.
+func TestBookingConcurrentDuplicateAtEveryPoint(t *testing.T) {
+	if testing.Short() {
+		t.Skip("explores every fault point; -short skips it")
+	}
+	for _, c := range []struct {
+		name string
+		lost []fakebank.Failure
+	}{
+		{"bank answers", nil},
+		{"payout answer lost", []fakebank.Failure{fakebank.ActThen5xx}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			rep := atomicphasetest.ExploreDuplicates(t, bookingScenario(c.name, c.lost))
+			for _, row := range rep.Rows[1:] {
+				require.Empty(t, row.Unfired, "the duplicate was sent at %v", row.Faults)
+			}
+			t.Logf("%d runs", len(rep.Rows))
+		})
+	}
 }

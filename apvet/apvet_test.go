@@ -1,0 +1,22 @@
+package apvet_test
+
+import (
+	"testing"
+
+	"golang.org/x/tools/go/analysis/analysistest"
+
+	"github.com/atomicphase/atomicphase/apvet"
+)
+
+// TestBrokenWorkflowsAreFlagged: every mistake in testdata/src/broken is
+// reported, with its reason (the want comments), and nothing else.
+func TestBrokenWorkflowsAreFlagged(t *testing.T) {
+	analysistest.Run(t, analysistest.TestData(), apvet.Analyzer, "broken")
+}
+
+// TestSoundWorkflowIsClean: a sound workflow — its pool used outside the
+// phases, tx.Conn() and savepoints used inside, one call.Do per path, a
+// reconcile lookup, call.Transport — gets no report.
+func TestSoundWorkflowIsClean(t *testing.T) {
+	analysistest.Run(t, analysistest.TestData(), apvet.Analyzer, "good")
+}
