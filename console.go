@@ -34,9 +34,9 @@ type LevelFilter struct {
 }
 
 // KeyLevels counts the unfinished keys by workflow and status (finished
-// keys are not counted: EstimateKeys gives the table's size). It reads the
-// partial indexes of the unfinished keys only, so its cost follows the
-// unfinished keys, not the table.
+// keys are not counted: EstimateKeys gives the table's size). With an index
+// on the unfinished keys (docs/console.md gives it) its cost follows them,
+// not the table; without one it reads the table.
 func (r *Runner) KeyLevels(ctx context.Context, f *LevelFilter) ([]KeyLevel, error) {
 	if f == nil {
 		f = &LevelFilter{}
@@ -113,10 +113,10 @@ type KeyPage struct {
 }
 
 // ListKeyPage lists a page of at most f.Limit keys (DefaultListLimit when
-// unset), oldest first, after f.After. Each page is one range scan of an
-// index however deep it lies (keyset pagination; no count and no offset),
-// and a filter on an unfinished status reads the unfinished keys' index
-// only.
+// unset), oldest first, after f.After. Each page is one range of the index
+// on created_at after the cursor, however deep it lies (keyset pagination;
+// no count and no offset); a filter on an unfinished status uses an index
+// on the unfinished keys where there is one (docs/console.md).
 func (r *Runner) ListKeyPage(ctx context.Context, f *KeyPageFilter) (*KeyPage, error) {
 	if f == nil {
 		f = &KeyPageFilter{}

@@ -58,7 +58,7 @@ type levels struct {
 // RegisterLevels registers gauges of the levels of runner's unfinished
 // keys: LevelsMetric (how many, unit {key}) and OldestMetric (the oldest's
 // age, unit s), each with the attributes workflow and status. They are read
-// with Runner.KeyLevels, one query over the unfinished keys' index, at most
+// with Runner.KeyLevels, one query over the unfinished keys, at most
 // once per MinInterval however often the metrics are collected. A level
 // that drops to nothing is reported as 0 (and its age as 0), so that it
 // does not stay at its last value. Unregister the returned registration to

@@ -12,10 +12,10 @@
 //	mux.Handle("/console/", requireOperator(h))
 //
 // or serve it standalone with the CLI's ui command. Its templates and
-// stylesheet are embedded; it needs no build step and no script. Every page
-// reads the key table through keyset pagination and the partial indexes of
-// the unfinished keys, so a table of millions of finished keys costs it
-// nothing per page view.
+// stylesheet are embedded; it needs no build step and no script. No page
+// counts the key table or skips with an offset: lists follow a cursor, and
+// the levels read the unfinished keys (docs/console.md gives the index that
+// keeps that cheap on a table of millions).
 //
 // Every action is a POST: the pages' forms carry a token that must match a
 // cookie (double submit; a cross-site form cannot read the cookie), and the
