@@ -4,10 +4,10 @@
 
 GO ?= go
 # The library's module and those of the OpenTelemetry adapter, the apvet
-# analyzer, the operator CLI and the examples (go.work joins them, so one go
-# command covers them all; ./... stops at a nested module).
-MODULES := . apotel apvet cmd/atomicphase examples
-PKGS := ./... ./apotel/... ./apvet/... ./cmd/atomicphase/... ./examples/...
+# analyzer, the console, the operator CLI and the examples (go.work joins
+# them, so one go command covers them all; ./... stops at a nested module).
+MODULES := . apotel apui apvet cmd/atomicphase examples
+PKGS := ./... ./apotel/... ./apui/... ./apvet/... ./cmd/atomicphase/... ./examples/...
 
 .PHONY: help
 help: ## List the targets
@@ -38,7 +38,7 @@ EXEC_MODES := cache_describe describe_exec exec simple_protocol
 PLAIN := env -u ATOMICPHASE_TEST_CITUS_URL
 
 .PHONY: test
-test: postgres ## Run the whole test suite, then the core suite in every other pgx exec mode, Rocket Rides through PgBouncer, then the Citus mode if set up
+test: postgres chromium ## Run the whole test suite, then the core suite in every other pgx exec mode, Rocket Rides through PgBouncer, then the Citus mode if set up
 	$(PLAIN) $(GO) test -count=1 $(PKGS)
 	@$(MAKE) --no-print-directory test/execmodes
 	@$(MAKE) --no-print-directory test/rocketrides-pgbouncer
@@ -97,7 +97,7 @@ test/versions: ## Run the core suite on PostgreSQL 14 and 18 (server binaries fr
 	done
 
 .PHONY: test/race
-test/race: postgres ## Run the whole test suite with the race detector
+test/race: postgres chromium ## Run the whole test suite with the race detector
 	$(PLAIN) $(GO) test -race -count=1 $(PKGS)
 
 .PHONY: lint
@@ -142,3 +142,14 @@ schema: ## Regenerate schema.sql from the migrations
 .PHONY: postgres
 postgres:
 	@./scripts/ensure-postgres
+
+# The console's browser tests (apui) need a Chromium; the script installs
+# Debian's when it is missing and apt-get can be used (CI), and otherwise
+# the tests skip, except in CI (CI=true), where they fail.
+.PHONY: chromium
+chromium:
+	@./scripts/ensure-chromium
+
+.PHONY: screenshots
+screenshots: postgres chromium ## Retake the console's screenshots in docs/console/ (headless Chromium)
+	cd apui && ATOMICPHASE_SCREENSHOTS=$(CURDIR)/docs/console $(GO) test -count=1 -run TestConsoleInABrowser .

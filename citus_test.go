@@ -73,6 +73,7 @@ func TestMigrateDistributesOnCitus(t *testing.T) {
 	want := []string{
 		"atomicphase_acquire by p_scope", "atomicphase_admit by p_scope", "atomicphase_checkpoint by p_scope, forced",
 		"atomicphase_record by p_scope, forced", "atomicphase_record_resolution by p_scope",
+		"atomicphase_record_verdict by p_scope",
 		"atomicphase_release by p_scope", "atomicphase_resolve by p_scope", "atomicphase_take by p_scope",
 		"atomicphase_unpark by p_scope",
 	}

@@ -24,6 +24,9 @@ type ForeignCall struct {
 	// violated records a second call even if the phase swallowed the
 	// error, so the Runner can fail the phase regardless.
 	violated bool
+	// operatorResult is the call's result an operator recorded with a
+	// verdict of happened (Runner.RecordResolutionWithResult).
+	operatorResult []byte
 }
 
 // newForeignCall returns the guard for one run of a foreign phase whose
@@ -40,6 +43,16 @@ func newForeignCall(key string) *ForeignCall {
 // is never re-linked to a new request. Send it to the downstream as its
 // idempotency key.
 func (c *ForeignCall) Key() string { return c.key }
+
+// OperatorResult returns the call's result, as JSON, that an operator
+// recorded with a verdict that the call happened
+// (Runner.RecordResolutionWithResult), and true; nil and false when there
+// is none. Only a reconcile function sees one: read it there and record it
+// in the state as the call function would have, since the verdict then
+// stands in for the call.
+func (c *ForeignCall) OperatorResult() ([]byte, bool) {
+	return c.operatorResult, c.operatorResult != nil
+}
 
 // Do makes the phase's foreign call: it runs fn once with the downstream key.
 // A second Do (or a second request through Transport) in the same phase

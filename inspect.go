@@ -13,6 +13,12 @@ type KeyInfo struct {
 	Key           string
 	Workflow      string
 	RecoveryPoint string
+	// RequestMethod and RequestPath are the request's method and path as
+	// first recorded, and Fingerprint the hash of the request it checks
+	// every retry against.
+	RequestMethod string
+	RequestPath   string
+	Fingerprint   []byte
 	// Status is where the key stands: in progress, stale, abandoned,
 	// unknown, parked or finished (KeyStatuses).
 	Status KeyStatus
@@ -43,6 +49,9 @@ type KeyInfo struct {
 	ResolvedHappened *bool
 	ResolvedNote     *string
 	ResolvedAt       *time.Time
+	// ResolvedResult is the call's result recorded with the verdict
+	// (Runner.RecordResolutionWithResult), as JSON; nil if none.
+	ResolvedResult []byte
 	// ParkedAt is when the key was parked (it failed permanently, or
 	// Config.MaxAttempts times); nil unless it is.
 	ParkedAt *time.Time
@@ -101,10 +110,11 @@ func (r *Runner) Inspect(ctx context.Context, scope, key string) (*KeyInfo, erro
 func keyInfo(in *keystore.Info) *KeyInfo {
 	info := &KeyInfo{
 		Scope: in.Scope, Key: in.Key, Workflow: in.Workflow, RecoveryPoint: in.RecoveryPoint,
+		RequestMethod: in.RequestMethod, RequestPath: in.RequestPath, Fingerprint: in.Fingerprint,
 		Status: KeyStatus(in.Status), Locked: in.Locked, LockExpiresIn: in.LockExpiresIn, LockToken: in.LockToken,
 		State: in.State, Attempts: in.Attempts, LastError: in.LastError, NextAttemptAt: in.NextAttemptAt,
 		UnknownAt: in.UnknownAt, ResolvedHappened: in.ResolvedHappened, ResolvedNote: in.ResolvedNote,
-		ResolvedAt: in.ResolvedAt, ParkedAt: in.ParkedAt,
+		ResolvedAt: in.ResolvedAt, ResolvedResult: in.ResolvedResult, ParkedAt: in.ParkedAt,
 		CreatedAt: in.CreatedAt, UpdatedAt: in.UpdatedAt, FinishedAt: in.FinishedAt,
 	}
 	if in.StatusCode != nil {

@@ -85,9 +85,9 @@ func TestMigrationsGoDownAndUpAgain(t *testing.T) {
 var allObjects = []string{
 	"function atomicphase_acquire", "function atomicphase_admit", "function atomicphase_checkpoint",
 	"function atomicphase_lock_takeable", "function atomicphase_record",
-	"function atomicphase_record_resolution", "function atomicphase_release",
-	"function atomicphase_resolve", "function atomicphase_stale_before", "function atomicphase_take",
-	"function atomicphase_unpark", "table idempotency_keys",
+	"function atomicphase_record_resolution", "function atomicphase_record_verdict", "function atomicphase_release",
+	"function atomicphase_stale_before", "function atomicphase_take",
+	"function atomicphase_unpark", "table atomicphase_audit", "table idempotency_keys",
 }
 
 // schemaObjects lists the atomicphase tables and functions in schema, from

@@ -2,6 +2,7 @@ package atomicphase
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -132,7 +133,39 @@ func (r *Runner) Forget(ctx context.Context, scope, key string) error {
 // known not to have been made): there is no verdict to give, and Unpark is
 // what retries it.
 func (r *Runner) RecordResolution(ctx context.Context, scope, key string, happened bool, note string) error {
-	res, err := r.store.RecordResolution(ctx, r.pool, scope, key, happened, note)
+	return r.recordResolution(ctx, scope, key, happened, note, nil)
+}
+
+// MaxResolutionResult is the most bytes of JSON RecordResolutionWithResult
+// takes: a call's result (an id, a status, an amount), not a document.
+const MaxResolutionResult = 64 << 10
+
+// RecordResolutionWithResult records a "happened" verdict, as
+// RecordResolution does, together with the call's result as the operator
+// read it from the downstream (its support, its dashboard): result is JSON,
+// which the phase's reconcile function, asked first as ever, finds in
+// ForeignCall.OperatorResult and records in the state as the call function
+// would have. Without it, a verdict of happened goes on with the state as
+// it is: a label id, a transfer id the next phases need stay empty. A
+// reconcile function that does not read the result ignores it.
+//
+// It returns an error, changing nothing, when result is not one JSON value
+// of at most MaxResolutionResult bytes, and otherwise the errors of
+// RecordResolution.
+func (r *Runner) RecordResolutionWithResult(ctx context.Context, scope, key, note string, result []byte) error {
+	switch {
+	case len(result) == 0:
+		return errors.New("atomicphase: RecordResolutionWithResult needs the call's result as JSON; use RecordResolution for a verdict without one")
+	case len(result) > MaxResolutionResult:
+		return fmt.Errorf("atomicphase: the call's result is %d bytes; at most %d are kept (MaxResolutionResult)", len(result), MaxResolutionResult)
+	case !json.Valid(result):
+		return errors.New("atomicphase: the call's result is not valid JSON; quote a string (\"lbl-1\") or give an object ({\"label_id\": \"lbl-1\"})")
+	}
+	return r.recordResolution(ctx, scope, key, true, note, result)
+}
+
+func (r *Runner) recordResolution(ctx context.Context, scope, key string, happened bool, note string, result []byte) error {
+	res, err := r.store.RecordResolution(ctx, r.pool, scope, key, happened, note, result)
 	switch {
 	case err != nil:
 		return storeError("record resolution", err)

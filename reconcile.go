@@ -29,9 +29,12 @@ func (a *attempt) reconcile(ctx context.Context, st *step, fc *ForeignCall, stat
 	var happened bool
 	var out []byte
 	var err error
-	verdict, err := a.takeVerdict(ctx)
+	verdict, result, err := a.takeVerdict(ctx)
 	if err != nil {
 		return nil, false, err
+	}
+	if verdict != nil && *verdict {
+		fc.operatorResult = result
 	}
 	switch {
 	case a.resolve != nil:
@@ -65,10 +68,11 @@ func (a *attempt) reconcile(ctx context.Context, st *step, fc *ForeignCall, stat
 }
 
 // takeVerdict returns the operator's verdict on the call this attempt
-// resumed into (Runner.RecordResolution), or nil when none was recorded.
-// It costs a round trip, on the rare path of an attempt that resumes into
-// a phase with a reconcile function.
-func (a *attempt) takeVerdict(ctx context.Context) (*bool, error) {
+// resumed into (Runner.RecordResolution), or nil when none was recorded,
+// and the call's result it came with (RecordResolutionWithResult). It
+// costs a round trip, on the rare path of an attempt that resumes into a
+// phase with a reconcile function.
+func (a *attempt) takeVerdict(ctx context.Context) (*bool, []byte, error) {
 	return a.r.store.TakeVerdict(ctx, a.r.pool, a.scope, a.key, a.token, a.resumedFrom)
 }
 

@@ -2,6 +2,7 @@ package atomicphase_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -466,4 +467,65 @@ func TestAnswerIsNoUnknownOutcome(t *testing.T) {
 	require.Equal(t, 201, resp.Status)
 	_, ids := bk.only(t)
 	require.Len(t, ids, 1)
+}
+
+// With the lookup down, an operator who read the payout's id off the bank's
+// portal records it with the verdict: the reconcile function finds it in
+// ForeignCall.OperatorResult, and the response carries it. A verdict
+// without the result goes on with an empty id: the state as it is.
+func TestRecordResolutionWithTheCallsResult(t *testing.T) {
+	t.Parallel()
+	for _, withResult := range []bool{true, false} {
+		t.Run(fmt.Sprint(withResult), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, nil)
+			bk := newBank()
+			bk.fail = []string{"act-then-lose"}
+			wf := atomicphase.MustWorkflow("payout", startEmpty[payout], []atomicphase.Phase[payout]{
+				atomicphase.Foreign("pay", func(ctx context.Context, call *atomicphase.ForeignCall, p *payout) error {
+					return call.Do(ctx, func(ctx context.Context, ref string) error {
+						id, err := bk.pay(ctx, ref)
+						p.PayoutID = id
+						return err
+					})
+				}, func(ctx context.Context, tx atomicphase.Tx, p *payout) (atomicphase.Outcome, error) {
+					return atomicphase.Respond(201, []byte(p.PayoutID)), nil
+				}).WithReconcile(func(ctx context.Context, call *atomicphase.ForeignCall, p *payout) (bool, error) {
+					if res, ok := call.OperatorResult(); ok {
+						return true, json.Unmarshal(res, &p.PayoutID)
+					}
+					ids, err := bk.lookup(call.Key())
+					if err != nil || len(ids) == 0 {
+						return false, err
+					}
+					p.PayoutID = ids[0]
+					return true, nil
+				}),
+			}, nil)
+			_, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+			require.ErrorIs(t, err, atomicphase.ErrOutcomeUnknown)
+			bk.lookupDown.Store(1000)
+			_, ids := bk.only(t)
+
+			if withResult {
+				require.ErrorContains(t, b.runner.RecordResolutionWithResult(b.ctx, "driver_1", "k", "portal", []byte(`po_1`)), "not valid JSON")
+				require.ErrorContains(t, b.runner.RecordResolutionWithResult(b.ctx, "driver_1", "k", "portal", nil), "needs the call's result")
+				require.NoError(t, b.runner.RecordResolutionWithResult(b.ctx, "driver_1", "k", "read off the bank's portal: ops@", []byte(`"`+ids[0]+`"`)))
+				info, err := b.runner.Inspect(b.ctx, "driver_1", "k")
+				require.NoError(t, err)
+				require.JSONEq(t, `"po_1"`, string(info.ResolvedResult))
+			} else {
+				require.NoError(t, b.runner.RecordResolution(b.ctx, "driver_1", "k", true, "checked the bank's portal: ops@"))
+			}
+			resp, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+			require.NoError(t, err)
+			require.Equal(t, 201, resp.Status)
+			require.Equal(t, int32(1), bk.calls.Load(), "the payout was not made again")
+			if withResult {
+				require.Equal(t, "po_1", string(resp.Body), "the response carries the id the operator recorded")
+			} else {
+				require.Empty(t, string(resp.Body), "without the result, the id stays empty")
+			}
+		})
+	}
 }

@@ -10,6 +10,18 @@
 // recorded; the scope and key, which are the user's data, reach spans only
 // with Options.RecordKeys, and then as Config.RedactKey leaves them.
 //
+// # Levels
+//
+// The counters count transitions. RegisterLevels adds observable gauges of
+// the levels themselves, read from the key table (Runner.KeyLevels) when
+// the metrics are collected, at most once per LevelsOptions.MinInterval:
+//
+//   - LevelsMetric, atomicphase.keys.unfinished ({key}): unfinished keys now, by
+//     workflow and status (in_progress, stale, abandoned, unknown, parked).
+//     Alert on any parked key.
+//   - OldestMetric, atomicphase.keys.oldest_age (s): the oldest of them, by workflow and
+//     status. Alert on unknown keys whose oldest age keeps growing.
+//
 // # Metrics
 //
 // Every event kind is a counter named MetricPrefix + the kind. Each decision

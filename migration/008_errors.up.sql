@@ -1,9 +1,7 @@
 -- Errors end somewhere. A parked key is an answer, not a loop: a client's
 -- retry of it is refused (with the parked key's "failed, waits for an
 -- operator") instead of running its phases again; parked keys are bounded
--- (they count toward a scope's cap, and are reaped); and an operator's verdict
--- on an unknown outcome gives the key a fresh budget of attempts, as unpark
--- does, and is refused for a key that waits on no unknown outcome. Only
+-- (they count toward a scope's cap, and are reaped);  Only
 -- functions and indexes are added: the functions a running previous
 -- release calls are left as they were.
 
@@ -73,44 +71,5 @@ BEGIN
     FROM /* TEMPLATE: schema */atomicphase_acquire(
         p_scope, p_key, p_workflow, p_fingerprint, p_method, p_path, p_state,
         p_lock_timeout_us, p_lock_token, v_max) AS a;
-END
-$$;
-
--- atomicphase_resolve records an operator's verdict on the foreign call an
--- unfinished key waits on (as atomicphase_record_resolution did), makes
--- the key due at once and, as atomicphase_unpark does, gives it a fresh
--- budget of attempts: a key parked because its reconciliation failed
--- Config.MaxAttempts times would otherwise be parked again by the sweep
--- before the verdict is read. It returns one row for an unfinished key
--- nobody holds: its workflow, and whether the verdict was recorded, which
--- it is only when the key waits on an unknown outcome (unknown_at set);
--- no row when the key is finished, absent, or held by a live attempt.
-CREATE FUNCTION /* TEMPLATE: schema */atomicphase_resolve(
-    p_scope text, p_key text, p_happened boolean, p_note text, p_lock_timeout_us bigint
-) RETURNS TABLE (workflow text, recorded boolean) LANGUAGE plpgsql AS $$
-DECLARE
-    v_now        timestamptz := now();
-    stale_before timestamptz := /* TEMPLATE: schema */atomicphase_stale_before(p_lock_timeout_us);
-BEGIN
-    UPDATE /* TEMPLATE: schema */idempotency_keys AS k
-    SET resolved_after = k.recovery_point, resolved_happened = p_happened, resolved_note = p_note,
-        resolved_at = v_now, parked_at = NULL, next_attempt_at = NULL, updated_at = v_now,
-        attempts = 1
-    WHERE k.scope = p_scope AND k.idempotency_key = p_key AND k.response_status IS NULL
-      AND k.unknown_at IS NOT NULL
-      AND /* TEMPLATE: schema */atomicphase_lock_takeable(k.locked_at, stale_before)
-    RETURNING k.workflow INTO workflow;
-    IF FOUND THEN
-        recorded := true;
-        RETURN NEXT;
-        RETURN;
-    END IF;
-    SELECT k.workflow, false INTO workflow, recorded
-    FROM /* TEMPLATE: schema */idempotency_keys k
-    WHERE k.scope = p_scope AND k.idempotency_key = p_key AND k.response_status IS NULL
-      AND /* TEMPLATE: schema */atomicphase_lock_takeable(k.locked_at, stale_before);
-    IF FOUND THEN
-        RETURN NEXT;
-    END IF;
 END
 $$;

@@ -93,7 +93,7 @@ version needs, and says to run "atomicphase migrate" when it does not.`),
 		"the services' Config.LockTimeout: a lock older than this counts as stale")
 
 	root.AddCommand(c.migrateCmd(), c.keysCmd(), c.inspectCmd(), c.resumeCmd(), c.resolveCmd(),
-		c.unparkCmd(), c.forgetCmd(), c.reapCmd(), c.sweepCmd())
+		c.unparkCmd(), c.forgetCmd(), c.reapCmd(), c.sweepCmd(), c.uiCmd(), c.lookupCmd())
 	return root
 }
 

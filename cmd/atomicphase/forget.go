@@ -93,6 +93,9 @@ func (c *cli) forget(ctx context.Context, scope, key string, yes bool) error {
 		case err != nil:
 			return err
 		}
+		if err := c.audit(ctx, r, scope, key, "forget", "", map[string]any{"status_before": info.Status}); err != nil {
+			return err
+		}
 		_, err = fmt.Fprintf(c.stdout, "forgot %s key %q in scope %q\n", info.Status, key, scope)
 		return err
 	})

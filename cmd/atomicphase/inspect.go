@@ -42,10 +42,20 @@ The response body is shown as text when it is UTF-8, and as base64 otherwise
 				if err != nil {
 					return err
 				}
-				if asJSON {
-					return writeJSONLine(c.stdout, detail(info))
+				trail, err := r.AuditTrail(cmd.Context(), scope, key, 0)
+				if err != nil {
+					return err
 				}
-				return writeKeyDetail(c.stdout, info)
+				if asJSON {
+					d := detail(info)
+					d.Audit = trail
+					return writeJSONLine(c.stdout, d)
+				}
+				if err := writeKeyDetail(c.stdout, info); err != nil {
+					return err
+				}
+				writeAuditTrail(c.stdout, trail)
+				return nil
 			})
 		},
 	}
@@ -77,9 +87,16 @@ func writeKeyDetail(w io.Writer, k *atomicphase.KeyInfo) error {
 	field("locked", lock)
 	field("lock token", strconv.FormatInt(k.LockToken, 10))
 	field("attempts", strconv.Itoa(k.Attempts))
-	lastErr := "-"
+	// The last error may hold a panic's stack (many lines) and text a client
+	// sent (a name, a reference) with terminal escapes in it: its first line
+	// goes here, escaped, and the whole of it in a block below.
+	lastErr, errLines := "-", []string(nil)
 	if k.LastError != nil {
-		lastErr = oneLine(*k.LastError)
+		errLines = strings.Split(strings.TrimRight(terminalSafe(*k.LastError), "\n"), "\n")
+		lastErr = errLines[0]
+		if len(errLines) > 1 {
+			lastErr += fmt.Sprintf(" (%d more lines below)", len(errLines)-1)
+		}
 	}
 	field("last error", lastErr)
 	field("next attempt at", timePtrCell(k.NextAttemptAt))
@@ -92,7 +109,7 @@ func writeKeyDetail(w io.Writer, k *atomicphase.KeyInfo) error {
 		}
 		note := ""
 		if k.ResolvedNote != nil {
-			note = oneLine(*k.ResolvedNote)
+			note = oneLine(terminalSafe(*k.ResolvedNote))
 		}
 		field("resolved by hand", fmt.Sprintf("%s at %s: %s", verdict, timePtrCell(k.ResolvedAt), note))
 	}
@@ -108,7 +125,7 @@ func writeKeyDetail(w io.Writer, k *atomicphase.KeyInfo) error {
 		slices.Sort(names)
 		for _, name := range names {
 			for _, v := range k.Response.Header[name] {
-				field("response header", name+": "+v)
+				field("response header", terminalSafe(name)+": "+oneLine(terminalSafe(v)))
 			}
 		}
 	} else {
@@ -120,12 +137,15 @@ func writeKeyDetail(w io.Writer, k *atomicphase.KeyInfo) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if len(errLines) > 1 {
+		block(w, "last error (whole)", strings.Join(errLines, "\n"))
+	}
 	if k.State != nil {
-		block(w, "state (as stored)", string(k.State))
+		block(w, "state (as stored)", terminalSafe(string(k.State)))
 	}
 	if k.Response != nil {
 		body, enc := bodyText(k.Response.Body)
-		block(w, fmt.Sprintf("response body (%s, %d bytes)", enc, len(k.Response.Body)), body)
+		block(w, fmt.Sprintf("response body (%s, %d bytes)", enc, len(k.Response.Body)), terminalSafe(body))
 	}
 	return nil
 }

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
 )
 
 func TestInspectText(t *testing.T) {
@@ -107,4 +110,38 @@ func TestInspectUnknownKey(t *testing.T) {
 	res = b.run(t, "inspect", "bob", "finished-1")
 	require.Equal(t, exitFailure, res.code)
 	require.Contains(t, res.stderr, `no key "finished-1" in scope "bob"`)
+}
+
+// A phase panics with a value a client supplied: the stored error holds the
+// panic's stack over many lines, and an OSC hyperlink and a screen clear.
+// inspect shows the stack line by line, and the escapes written out, so
+// nothing in the key row reaches the operator's terminal raw.
+func TestInspectShowsAPanicsStackAndEscapesControlCharacters(t *testing.T) {
+	t.Parallel()
+	b := setupEmpty(t, nil)
+	type state struct{ Name string }
+	const name = "\x1b]8;;http://evil.example/\x07click\x1b]8;;\x07\x1b[2J"
+	wf := atomicphase.MustWorkflow("greet", func(_ struct{}, _ *atomicphase.Request) (state, error) {
+		return state{Name: name}, nil
+	}, []atomicphase.Phase[state]{
+		atomicphase.Local("greet", func(_ context.Context, _ atomicphase.Tx, s *state) (atomicphase.Outcome, error) {
+			panic("cannot greet " + s.Name)
+		}),
+	}, nil)
+	func() {
+		defer func() { require.NotNil(t, recover(), "the panic goes on to the caller") }()
+		_, _ = b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "eve", Key: "p-1", Method: "POST", Path: "/greet"})
+	}()
+	info := b.inspect(t, "eve", "p-1")
+	require.NotNil(t, info.LastError)
+	require.Contains(t, *info.LastError, "\x1b]8;;", "the row holds the raw text")
+
+	res := b.run(t, "inspect", "eve", "p-1")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.NotContains(t, res.stdout, "\x1b", "no escape reaches the terminal")
+	require.NotContains(t, res.stdout, "\x07")
+	require.Regexp(t, `(?m)^last error: +.*panic: cannot greet \\x1b\]8;;http://evil\.example/\\x07click.*\(\d+ more lines below\)$`, res.stdout)
+	require.Contains(t, res.stdout, "last error (whole):\n")
+	require.Regexp(t, `(?m)^  goroutine \d+ \[running\]:$`, res.stdout, "the stack, a line at a time")
+	require.Contains(t, res.stdout, `\x1b[2J`)
 }

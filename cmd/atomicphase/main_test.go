@@ -33,6 +33,8 @@ type testBundle struct {
 	db     *atomicphasetest.DB
 	runner *atomicphase.Runner
 	ctx    context.Context
+	// refs are the downstream keys the blocked foreign calls were sent.
+	refs sync.Map
 }
 
 // setup gives the test a migrated database of its own holding a key in
@@ -64,7 +66,8 @@ func setup(t *testing.T) *testBundle {
 	}
 	release, entered := make(chan struct{}), make(chan struct{}, 2)
 	block := func(ctx context.Context, call *atomicphase.ForeignCall, _ *state) error {
-		return call.Do(ctx, func(context.Context, string) error {
+		return call.Do(ctx, func(_ context.Context, ref string) error {
+			b.refs.Store(ref, true)
 			entered <- struct{}{}
 			<-release
 			return nil

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -41,6 +42,8 @@ type keyDetail struct {
 	LockExpiresIn *float64        `json:"lock_expires_in_seconds"`
 	State         json.RawMessage `json:"state"`
 	Response      *responseDetail `json:"response"`
+	// Audit is the key's audit trail, newest first.
+	Audit []*atomicphase.AuditEntry `json:"audit"`
 }
 
 // responseDetail is a stored response. The body is text when it is UTF-8
@@ -118,6 +121,32 @@ func cell(s string) string {
 		return strconv.Quote(s)
 	}
 	return s
+}
+
+// terminalSafe escapes what a terminal would obey in text a client or a
+// downstream supplied: every control character but newline and tab (ESC,
+// BEL, a carriage return that would overwrite the line, DEL, the C1 codes),
+// and every byte that is not UTF-8, written as \xNN or \uNNNN. An OSC or
+// CSI sequence in a stored error is then shown, never run.
+func terminalSafe(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r == '\n' || r == '\t':
+			b.WriteRune(r)
+		case r < 0x20 || r == 0x7f:
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case (r >= 0x80 && r < 0xa0) || r == 0x2028 || r == 0x2029:
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
 }
 
 // oneLine folds a message onto one line, for a table cell.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -12,9 +13,9 @@ import (
 
 func (c *cli) resolveCmd() *cobra.Command {
 	var happened, notHappened bool
-	var note string
+	var note, result string
 	cmd := &cobra.Command{
-		Use:   "resolve SCOPE KEY (--happened | --not-happened) --note TEXT",
+		Use:   "resolve SCOPE KEY (--happened [--result JSON] | --not-happened) --note TEXT",
 		Short: "Settle by hand whether a key's call with an unknown outcome took effect",
 		Long: strings.TrimSpace(`
 Record an operator's verdict on a foreign call whose outcome is unknown (a
@@ -29,9 +30,16 @@ The next attempt that resumes into the waiting phase (the sweep of a
 process that registered the key's workflow, or a client retry) follows the
 verdict, once: --not-happened makes the call; --happened goes on as if the
 call had succeeded (the reconcile function is still asked for the call's
-result, and only its "cannot tell" is overruled).`),
-		Example: examples(`atomicphase resolve driver_7 ride-5521 --not-happened --note "no such payout in the bank's portal (ops: ana)"`),
-		Args:    keyArgs,
+result, and only its "cannot tell" is overruled).
+
+With --happened, --result gives the call's result as you read it from the
+downstream, as JSON (a quoted string, an object): a phase whose reconcile
+function reads ForeignCall.OperatorResult records it in the state, as its
+call would have; without it, the state stays as it is (a label id the next
+phases need stays empty).`),
+		Example: examples(`atomicphase resolve driver_7 ride-5521 --not-happened --note "no such payout in the bank's portal (ops: ana)"`,
+			`atomicphase resolve shop_3 order-88 --happened --result '{"label_id":"lbl_9x2"}' --note "label found in the carrier's portal (ops: ana)"`),
+		Args: keyArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if happened == notHappened {
 				return usageErrorf("give exactly one of --happened and --not-happened")
@@ -39,9 +47,20 @@ result, and only its "cannot tell" is overruled).`),
 			if strings.TrimSpace(note) == "" {
 				return usageErrorf("--note is required: say who checked, and how")
 			}
+			if cmd.Flags().Changed("result") && !happened {
+				return usageErrorf("--result goes with --happened: a call that did not happen has no result")
+			}
+			if cmd.Flags().Changed("result") && !json.Valid([]byte(result)) {
+				return usageErrorf("--result %q is not JSON; quote a string ('\"lbl_9x2\"') or give an object", result)
+			}
 			scope, key := args[0], args[1]
 			return c.withRunner(cmd.Context(), func(r *atomicphase.Runner) error {
-				err := r.RecordResolution(cmd.Context(), scope, key, happened, note)
+				var err error
+				if cmd.Flags().Changed("result") {
+					err = r.RecordResolutionWithResult(cmd.Context(), scope, key, note, []byte(result))
+				} else {
+					err = r.RecordResolution(cmd.Context(), scope, key, happened, note)
+				}
 				switch {
 				case errors.Is(err, atomicphase.ErrKeyNotFound):
 					return keyNotFound(scope, key)
@@ -52,6 +71,13 @@ result, and only its "cannot tell" is overruled).`),
 				case errors.Is(err, atomicphase.ErrInProgress):
 					return fmt.Errorf("key %q in scope %q is held by an attempt right now; try again once it ends", key, scope)
 				case err != nil:
+					return err
+				}
+				detail := map[string]any{"happened": happened}
+				if cmd.Flags().Changed("result") {
+					detail["result"] = json.RawMessage(result)
+				}
+				if err := c.audit(cmd.Context(), r, scope, key, "resolve", note, detail); err != nil {
 					return err
 				}
 				verdict := "did not happen: the call will be made"
@@ -66,5 +92,6 @@ result, and only its "cannot tell" is overruled).`),
 	cmd.Flags().BoolVar(&happened, "happened", false, "the call took effect")
 	cmd.Flags().BoolVar(&notHappened, "not-happened", false, "the call did not take effect")
 	cmd.Flags().StringVar(&note, "note", "", "who checked, and how (kept in the key's row)")
+	cmd.Flags().StringVar(&result, "result", "", "with --happened: the call's result as JSON, for the phase's reconcile function (ForeignCall.OperatorResult)")
 	return cmd
 }

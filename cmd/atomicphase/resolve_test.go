@@ -31,6 +31,11 @@ func TestResolve(t *testing.T) {
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Contains(t, res.stdout, "happened: the request goes on")
 	require.Nil(t, b.inspect(t, "bob", "parked-1").ParkedAt, "a parked key is made due")
+	require.Nil(t, b.inspect(t, "bob", "parked-1").ResolvedResult)
+
+	res = b.run(t, "resolve", "bob", "parked-1", "--happened", "--result", `{"label_id":"lbl_9x2"}`, "--note", "carrier portal")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.JSONEq(t, `{"label_id":"lbl_9x2"}`, string(b.inspect(t, "bob", "parked-1").ResolvedResult))
 }
 
 func TestResolveRefusals(t *testing.T) {
@@ -44,6 +49,8 @@ func TestResolveRefusals(t *testing.T) {
 		{[]string{"resolve", "bob", "abandoned-1", "--note", "x"}, exitUsage, "exactly one of --happened and --not-happened"},
 		{[]string{"resolve", "bob", "abandoned-1", "--happened", "--not-happened", "--note", "x"}, exitUsage, "exactly one of"},
 		{[]string{"resolve", "bob", "abandoned-1", "--happened"}, exitUsage, "--note is required"},
+		{[]string{"resolve", "bob", "abandoned-1", "--not-happened", "--result", `"x"`, "--note", "x"}, exitUsage, "--result goes with --happened"},
+		{[]string{"resolve", "bob", "abandoned-1", "--happened", "--result", "lbl_9x2", "--note", "x"}, exitUsage, "is not JSON"},
 		{[]string{"resolve", "alice", "finished-1", "--happened", "--note", "x"}, exitFailure, "is finished: there is nothing left to resolve"},
 		{[]string{"resolve", "alice", "missing", "--happened", "--note", "x"}, exitFailure, `no key "missing" in scope "alice"`},
 		// Before, accepted, printing "the request goes on without making

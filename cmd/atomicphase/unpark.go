@@ -32,7 +32,7 @@ again after Config.MaxAttempts attempts.`),
 		Example: examples(`atomicphase resume user_42 4f1c9a7e-checkout`),
 		Args:    keyArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return c.unpark(cmd.Context(), args[0], args[1], func(before *atomicphase.KeyInfo) string {
+			return c.unpark(cmd.Context(), "resume", args[0], args[1], func(before *atomicphase.KeyInfo) string {
 				msg := fmt.Sprintf("key scheduled: the next sweep of a process that registered workflow %q resumes it", before.Workflow)
 				msg += fmt.Sprintf(" after recovery point %q", before.RecoveryPoint)
 				switch before.Status {
@@ -76,7 +76,7 @@ at most --limit of them, oldest first, after asking (unless --yes);
 			case bulk:
 				return c.runBulk(cmd.Context(), &b, yes, "unparked", (*atomicphase.Runner).UnparkKeys)
 			}
-			return c.unpark(cmd.Context(), args[0], args[1], func(before *atomicphase.KeyInfo) string {
+			return c.unpark(cmd.Context(), "unpark", args[0], args[1], func(before *atomicphase.KeyInfo) string {
 				if before.Status != atomicphase.KeyParked {
 					return fmt.Sprintf("key was not parked (it is %s); its backoff is cleared, so the next sweep of a process that registered workflow %q may resume it",
 						before.Status, before.Workflow)
@@ -91,8 +91,9 @@ at most --limit of them, oldest first, after asking (unless --yes);
 	return cmd
 }
 
-// unpark unparks a key and prints what say makes of the key as it was.
-func (c *cli) unpark(ctx context.Context, scope, key string, say func(before *atomicphase.KeyInfo) string) error {
+// unpark unparks a key, records action in its audit trail, and prints what
+// say makes of the key as it was.
+func (c *cli) unpark(ctx context.Context, action, scope, key string, say func(before *atomicphase.KeyInfo) string) error {
 	return c.withRunner(ctx, func(r *atomicphase.Runner) error {
 		before, err := r.Inspect(ctx, scope, key)
 		if err == nil {
@@ -105,6 +106,9 @@ func (c *cli) unpark(ctx context.Context, scope, key string, say func(before *at
 			return fmt.Errorf("key %q in scope %q is finished: its stored response is replayed and nothing is left to resume "+
 				"(to drop the response, use `atomicphase forget`)", key, scope)
 		case err != nil:
+			return err
+		}
+		if err := c.audit(ctx, r, scope, key, action, "", map[string]any{"status_before": before.Status}); err != nil {
 			return err
 		}
 		_, err = fmt.Fprintln(c.stdout, say(before))

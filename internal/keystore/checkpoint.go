@@ -54,20 +54,22 @@ func (s *Store) Checkpoint(cp *Checkpoint) (sql string, args []any) {
 const takeVerdictSQL = `
 UPDATE /* TEMPLATE: schema */idempotency_keys SET resolved_after = NULL
 WHERE scope = $1 AND idempotency_key = $2 AND lock_token = $3 AND resolved_after = $4
-RETURNING resolved_happened`
+RETURNING resolved_happened, resolved_result`
 
 // TakeVerdict takes the operator's verdict on the call after resumedFrom
-// (RecordResolution), fenced by token; nil when none was recorded.
-func (s *Store) TakeVerdict(ctx context.Context, db DB, scope, key string, token int64, resumedFrom string) (*bool, error) {
+// (RecordResolution), fenced by token, and the call's result it came with
+// (nil if none); nil when none was recorded.
+func (s *Store) TakeVerdict(ctx context.Context, db DB, scope, key string, token int64, resumedFrom string) (*bool, []byte, error) {
 	var happened bool
-	err := db.QueryRow(ctx, s.sql.takeVerdict, scope, key, token, resumedFrom).Scan(&happened)
+	var result []byte
+	err := db.QueryRow(ctx, s.sql.takeVerdict, scope, key, token, resumedFrom).Scan(&happened, &result)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return &happened, nil
+	return &happened, result, nil
 }
 
 // clearLastErrorSQL forgets the error of a key's failed attempts, fenced by

@@ -30,7 +30,7 @@ var citusFunctions = []struct {
 	{"atomicphase_unpark(text, text)", false},
 	{"atomicphase_record_resolution(text, text, boolean, text, bigint)", false},
 	{"atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer, integer)", false},
-	{"atomicphase_resolve(text, text, boolean, text, bigint)", false},
+	{"atomicphase_record_verdict(text, text, boolean, text, bigint, jsonb)", false},
 	// Called inside the phase's transaction (phase fusion, the commit):
 	// without force_delegation they would run on the coordinator.
 	{"atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer)", true},

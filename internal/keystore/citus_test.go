@@ -35,13 +35,17 @@ var functionCall = regexp.MustCompile(`atomicphase_(\w+)\(\s*([^,)]*)`)
 // shard of a distributed key table, on purpose: none is on a request's
 // path. Every other statement is keyed by scope.
 var fanOut = map[string]string{
-	"listKeysSQL":    "Runner.ListKeys, for operators: filters the whole table",
-	"abandonedSQL":   "the sweep looks for abandoned keys in every scope",
-	"unknownSQL":     "the sweep counts abandoned keys of unknown workflows in every scope",
-	"reapSQL":        "the sweep deletes old finished keys of every scope",
-	"reapParkedSQL":  "the sweep deletes parked keys past their retention in every scope",
-	"ageLocksSQL":    "tests age every held lock (atomicphasetest.AgeLocks)",
-	"ageBackoffsSQL": "the explorer's sweep makes every key due (Scenario.Sweep)",
+	"listKeysSQL":       "Runner.ListKeys, for operators: filters the whole table",
+	"abandonedSQL":      "the sweep looks for abandoned keys in every scope",
+	"unknownSQL":        "the sweep counts abandoned keys of unknown workflows in every scope",
+	"reapSQL":           "the sweep deletes old finished keys of every scope",
+	"reapParkedSQL":     "the sweep deletes parked keys past their retention in every scope",
+	"ageLocksSQL":       "tests age every held lock (atomicphasetest.AgeLocks)",
+	"ageBackoffsSQL":    "the explorer's sweep makes every key due (Scenario.Sweep)",
+	"levelsSQL":         "the console counts the unfinished keys of every scope",
+	"recentTroubleSQL":  "the console lists recent parks and unknown outcomes of every scope",
+	"pageSQL":           "the console pages through the whole table",
+	"pageUnfinishedSQL": "the console pages through the unfinished keys of every scope",
 }
 
 // timeInSubquery are modifications whose only time is read by a subquery

@@ -14,6 +14,9 @@ type Info struct {
 	Key              string
 	Workflow         string
 	RecoveryPoint    string
+	RequestMethod    string
+	RequestPath      string
+	Fingerprint      []byte
 	Status           string // see statusSQL
 	Locked           bool
 	LockExpiresIn    *float64
@@ -26,6 +29,7 @@ type Info struct {
 	ResolvedHappened *bool
 	ResolvedNote     *string
 	ResolvedAt       *time.Time
+	ResolvedResult   []byte
 	ParkedAt         *time.Time
 	// StatusCode, Header and Body are the stored response; StatusCode is
 	// nil until the key is finished.
@@ -58,9 +62,10 @@ const statusSQL = `CASE
 
 // infoColumns are the columns an Info is scanned from.
 const infoColumns = `scope, idempotency_key AS key, workflow, recovery_point,
+       request_method, request_path, fingerprint,
        ` + statusSQL + ` AS status,
        locked_at IS NOT NULL AS locked, lock_token, state, attempts, last_error,
-       next_attempt_at, parked_at, unknown_at, resolved_happened, resolved_note, resolved_at,
+       next_attempt_at, parked_at, unknown_at, resolved_happened, resolved_note, resolved_at, resolved_result,
        extract(epoch FROM locked_at - /* TEMPLATE: schema */atomicphase_stale_before($3))::float8 AS lock_expires_in,
        response_status AS status_code, response_header AS header, response_body AS body,
        created_at, updated_at, finished_at`

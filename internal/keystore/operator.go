@@ -37,9 +37,9 @@ func (s *Store) Forget(ctx context.Context, db DB, scope, key string) (bool, err
 	return tag.RowsAffected() == 1, err
 }
 
-// recordResolutionSQL: see atomicphase_resolve in schema.sql.
-const recordResolutionSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_resolve(
-	$1::text, $2::text, $3::boolean, $4::text, $5::bigint)`
+// recordResolutionSQL: see atomicphase_record_verdict in schema.sql.
+const recordResolutionSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_record_verdict(
+	$1::text, $2::text, $3::boolean, $4::text, $5::bigint, $6::jsonb)`
 
 // Resolution is what RecordResolution did.
 type Resolution int
@@ -56,12 +56,17 @@ const (
 )
 
 // RecordResolution records an operator's verdict on the call an unfinished
-// key waits on, makes the key due and resets its attempts, and says what
-// it did; it changes nothing unless it answers Resolved.
-func (s *Store) RecordResolution(ctx context.Context, db DB, scope, key string, happened bool, note string) (Resolution, error) {
+// key waits on (with the call's result as JSON, or nil), makes the key due
+// and resets its attempts, and says what it did; it changes nothing unless
+// it answers Resolved.
+func (s *Store) RecordResolution(ctx context.Context, db DB, scope, key string, happened bool, note string, result []byte) (Resolution, error) {
 	var workflow string
 	var recorded bool
-	err := db.QueryRow(ctx, s.sql.recordResolution, scope, key, happened, note, s.lockTimeoutUS).Scan(&workflow, &recorded)
+	var res any // a nil []byte would be sent as an empty string, not NULL
+	if result != nil {
+		res = string(result)
+	}
+	err := db.QueryRow(ctx, s.sql.recordResolution, scope, key, happened, note, s.lockTimeoutUS, res).Scan(&workflow, &recorded)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return NotResolvable, nil

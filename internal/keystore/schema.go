@@ -11,7 +11,9 @@ import (
 // each; keep the list in step with the newest migration.
 var schemaObjects = []struct{ kind, name string }{
 	{"table", "idempotency_keys"},
+	{"table", "atomicphase_audit"},
 	{"column", "idempotency_keys.unknown_at"},
+	{"column", "idempotency_keys.resolved_result"},
 	{"function", "atomicphase_acquire(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)"},
 	{"function", "atomicphase_checkpoint(text, text, bigint, text, text, bytea, integer, jsonb, bytea)"},
 	{"function", "atomicphase_stale_before(bigint)"},
@@ -22,7 +24,7 @@ var schemaObjects = []struct{ kind, name string }{
 	{"function", "atomicphase_unpark(text, text)"},
 	{"function", "atomicphase_record_resolution(text, text, boolean, text, bigint)"},
 	{"function", "atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer, integer)"},
-	{"function", "atomicphase_resolve(text, text, boolean, text, bigint)"},
+	{"function", "atomicphase_record_verdict(text, text, boolean, text, bigint, jsonb)"},
 }
 
 const checkSchemaSQL = `

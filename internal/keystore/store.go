@@ -72,7 +72,9 @@ type Store struct {
 type statements struct {
 	acquire, peek, record, ownedBy, take, release, checkpoint, clearLastError, takeVerdict,
 	inspect, list, unpark, forget, recordResolution,
-	abandoned, unknownWorkflows, reap, reapParked string
+	abandoned, unknownWorkflows, reap, reapParked,
+	levels, recentTrouble, page, pageUnfinished, scopeKeys,
+	recordAudit, auditTrail string
 }
 
 // New returns the Store for schema ("" for the search_path) and lockTimeout.
@@ -98,6 +100,13 @@ func New(schema string, lockTimeout time.Duration) *Store {
 		unknownWorkflows: r(unknownSQL),
 		reap:             r(reapSQL),
 		reapParked:       r(reapParkedSQL),
+		levels:           r(levelsSQL),
+		recentTrouble:    r(recentTroubleSQL),
+		page:             r(pageSQL),
+		pageUnfinished:   r(pageUnfinishedSQL),
+		scopeKeys:        r(scopeKeysSQL),
+		recordAudit:      r(recordAuditSQL),
+		auditTrail:       r(auditTrailSQL),
 	}}
 }
 

@@ -24,6 +24,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strings"
 	"sync"
 	"syscall"
@@ -67,8 +68,9 @@ func main() {
 	}
 	requests := flag.Int("requests", 40, "how many rides to book")
 	workers := flag.Int("clients", 4, "how many clients book at once")
+	hold := flag.Bool("hold", false, "after the tally, keep the server and its operator console up until interrupted")
 	flag.Parse()
-	if err := run(*requests, *workers); err != nil {
+	if err := run(*requests, *workers, *hold); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
@@ -103,7 +105,7 @@ func plan(i int) string {
 	return combos[(i*7)%len(combos)] // a stride, so neighbours differ
 }
 
-func run(requests, workers int) error {
+func run(requests, workers int, hold bool) error {
 	start := time.Now()
 	ctx := context.Background()
 	dbURL := os.Getenv("DATABASE_URL")
@@ -147,7 +149,8 @@ func run(requests, workers int) error {
 	}
 	defer srv.stop()
 	fmt.Printf("· rocketrides server at %s (LOCK_TIMEOUT=%s, SWEEP_INTERVAL=%s), booking %d rides with %d clients,\n"+
-		"  and one more whose client gives up when the server dies under it\n\n", srv.url, lockTimeout, sweepInterval, requests, workers)
+		"  and one more whose client gives up when the server dies under it\n", srv.url, lockTimeout, sweepInterval, requests, workers)
+	fmt.Printf("· operator console at http://%s/ (the levels, every key, its phases and audit trail; up while the demo runs, or with -hold after it)\n\n", srv.consoleAddr)
 
 	runID := time.Now().Format("150405")
 	var printMu sync.Mutex
@@ -238,6 +241,12 @@ func run(requests, workers int) error {
 		return errors.New("an invariant failed: see the counts above")
 	}
 	fmt.Println("every invariant held: one ride, one charge, one payout and one receipt per key, every answer replayed byte for byte")
+	if hold {
+		fmt.Printf("· holding: the operator console is at http://%s/; interrupt (Ctrl-C) to stop\n", srv.consoleAddr)
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		<-ctx.Done()
+	}
 	return nil
 }
 
@@ -361,8 +370,8 @@ func describe(r reply) string {
 // supervisor runs the server as a child process on a fixed address and
 // restarts it whenever it dies.
 type supervisor struct {
-	url, addr, dbURL, payURL, bankURL, mailURL string
-	log                                        *os.File
+	url, addr, consoleAddr, dbURL, payURL, bankURL, mailURL string
+	log                                                     *os.File
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -370,18 +379,32 @@ type supervisor struct {
 	stopped bool
 }
 
-func newSupervisor(dbURL, payURL, bankURL, mailURL string) (*supervisor, error) {
+// freeAddr returns a loopback address with a port free now: the server's
+// incarnations all listen there, so that its URL (and its console's) holds
+// across restarts.
+func freeAddr() (string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+func newSupervisor(dbURL, payURL, bankURL, mailURL string) (*supervisor, error) {
+	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
-	addr := ln.Addr().String()
-	ln.Close()
+	consoleAddr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
 	log, err := os.CreateTemp("", "rocketrides-demo-*.log")
 	if err != nil {
 		return nil, err
 	}
-	s := &supervisor{url: "http://" + addr, addr: addr, dbURL: dbURL, payURL: payURL, bankURL: bankURL, mailURL: mailURL, log: log}
+	s := &supervisor{url: "http://" + addr, addr: addr, consoleAddr: consoleAddr, dbURL: dbURL, payURL: payURL, bankURL: bankURL, mailURL: mailURL, log: log}
 	if err := s.start(); err != nil {
 		return nil, err
 	}
@@ -396,7 +419,8 @@ func (s *supervisor) start() error {
 	cmd := exec.Command(self)
 	cmd.Env = append(os.Environ(), serveEnv+"=1", "DATABASE_URL="+s.dbURL, "ADDR="+s.addr,
 		"STRIPE_API_BASE="+s.payURL, "BANK_API_BASE="+s.bankURL, "MAILER_API_BASE="+s.mailURL, "LOCK_TIMEOUT="+lockTimeout.String(),
-		"SWEEP_INTERVAL="+sweepInterval.String(), "KEY_RETENTION=24h", "ATOMICPHASE_FAULT_HEADER=1", faultinject.EnvVar+"=")
+		"SWEEP_INTERVAL="+sweepInterval.String(), "KEY_RETENTION=24h", "ATOMICPHASE_FAULT_HEADER=1", faultinject.EnvVar+"=",
+		"CONSOLE_ADDR="+s.consoleAddr)
 	cmd.Stdout, cmd.Stderr = s.log, s.log
 	if err := cmd.Start(); err != nil {
 		return err

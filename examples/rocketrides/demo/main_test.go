@@ -20,7 +20,7 @@ func TestMain(m *testing.M) {
 func TestDemo(t *testing.T) {
 	db := atomicphasetest.NewDB(t, nil)
 	t.Setenv("DATABASE_URL", db.URL)
-	if err := run(14, 4); err != nil {
+	if err := run(14, 4, false); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -34,6 +34,9 @@ type Config struct {
 	// BankAPIBase is BANK_API_BASE, where drivers are paid; empty starts
 	// an in-process fake.
 	BankAPIBase string
+	// ConsoleAddr is CONSOLE_ADDR, where the operator's console (apui) is
+	// served, on a port of its own; empty serves none.
+	ConsoleAddr string
 	// FaultHeader is ATOMICPHASE_FAULT_HEADER=1: honour the
 	// Atomicphase-Fault request header (a test hook for the demo).
 	FaultHeader bool
@@ -52,6 +55,7 @@ func ConfigFromEnv() (Config, error) {
 		SweepInterval: atomicphase.DefaultSweepInterval,
 		KeyRetention:  atomicphase.DefaultKeyRetention,
 		FaultHeader:   os.Getenv("ATOMICPHASE_FAULT_HEADER") == "1",
+		ConsoleAddr:   os.Getenv("CONSOLE_ADDR"),
 	}
 	if cfg.Addr == "" {
 		cfg.Addr = "127.0.0.1:8080"

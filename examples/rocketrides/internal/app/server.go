@@ -154,6 +154,14 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 		logf("ATOMICPHASE_FAULT_HEADER=1: honouring the %s request header (test hook)", faultinject.FaultHeader)
 	}
 
+	if cfg.ConsoleAddr != "" {
+		_, stop, err := serveConsole(runner, cfg.ConsoleAddr, logf)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return err

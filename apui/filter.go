@@ -1,0 +1,91 @@
+package apui
+
+import (
+	"fmt"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/atomicphase/atomicphase"
+)
+
+// The filter of the key list, the bulk actions and the API, read from a
+// query string or a form: status, workflow, scope, older (a Go duration:
+// "90s", "2h"), error (text the last error contains), key (a client key),
+// limit, and after_t/after_s/after_k (the cursor of the next page).
+
+// filterFields are the fields a filter is read from, in the order the
+// links and forms write them.
+var filterFields = []string{"status", "workflow", "scope", "older", "error", "key"}
+
+// parseFilter reads a filter, reporting the first bad field in words an
+// operator can act on.
+func parseFilter(v url.Values, pageSize int) (*atomicphase.KeyPageFilter, error) {
+	f := &atomicphase.KeyPageFilter{}
+	f.Status = atomicphase.KeyStatus(strings.TrimSpace(v.Get("status")))
+	if f.Status != "" && !slices.Contains(atomicphase.KeyStatuses(), f.Status) {
+		return nil, fmt.Errorf("status %q is not a key status; use in_progress, stale, abandoned, unknown, parked or finished", f.Status)
+	}
+	f.Workflow = strings.TrimSpace(v.Get("workflow"))
+	f.Scope = v.Get("scope")
+	f.Key = v.Get("key")
+	f.ErrorContains = v.Get("error")
+	if s := strings.TrimSpace(v.Get("older")); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d < 0 {
+			return nil, fmt.Errorf("older %q is not an age; write a duration such as 90s, 15m or 2h", s)
+		}
+		f.OlderThan = d
+	}
+	f.Limit = pageSize
+	if s := v.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 1000 {
+			return nil, fmt.Errorf("limit %q is not a page size; use a number from 1 to 1000", s)
+		}
+		f.Limit = n
+	}
+	if s := v.Get("after_t"); s != "" {
+		t, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			return nil, fmt.Errorf("after_t %q is not a time; use the next page's link as given", s)
+		}
+		f.After = &atomicphase.KeyCursor{CreatedAt: t, Scope: v.Get("after_s"), Key: v.Get("after_k")}
+	}
+	return f, nil
+}
+
+// filterValues writes f's filter fields (not its cursor nor its limit).
+func filterValues(f *atomicphase.KeyPageFilter) url.Values {
+	v := url.Values{}
+	set := func(k, s string) {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	set("status", string(f.Status))
+	set("workflow", f.Workflow)
+	set("scope", f.Scope)
+	if f.OlderThan > 0 {
+		v.Set("older", f.OlderThan.String())
+	}
+	set("error", f.ErrorContains)
+	set("key", f.Key)
+	return v
+}
+
+// isFiltered reports whether f selects less than every key: bulk actions
+// need a filter, so that "every key" is never one click away.
+func isFiltered(f *atomicphase.KeyPageFilter) bool {
+	return f.Status != "" || f.Workflow != "" || f.Scope != "" || f.OlderThan > 0 || f.ErrorContains != "" || f.Key != ""
+}
+
+// cursorValues adds the cursor c to v.
+func cursorValues(v url.Values, c *atomicphase.KeyCursor) url.Values {
+	v.Set("after_t", c.CreatedAt.UTC().Format(time.RFC3339Nano))
+	v.Set("after_s", c.Scope)
+	v.Set("after_k", c.Key)
+	return v
+}

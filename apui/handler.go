@@ -1,0 +1,188 @@
+// Package apui is the operator's console for an atomicphase key table: an
+// http.Handler that serves server-rendered pages (the levels of unfinished
+// keys, a filtered list of keys, a key's page) and the actions an operator
+// takes on keys (resume, unpark, forget, resolve, and the bulk versions over
+// a filter with a dry run), together with the same reads and actions as a
+// JSON admin API under api/.
+//
+// Mount it in your own server, behind your own authentication, under a
+// prefix of your choice:
+//
+//	h, err := apui.NewHandler(&apui.Options{Runner: runner, Prefix: "/console"})
+//	mux.Handle("/console/", requireOperator(h))
+//
+// or serve it standalone with the CLI's ui command. Its templates and
+// stylesheet are embedded; it needs no build step and no script. No page
+// counts the key table or skips with an offset: lists follow a cursor, and
+// the levels read the unfinished keys (docs/console.md gives the index that
+// keeps that cheap on a table of millions).
+//
+// Every action is a POST: the pages' forms carry a token that must match a
+// cookie (double submit; a cross-site form cannot read the cookie), and the
+// JSON API accepts application/json bodies only (a cross-site page cannot
+// send one without a CORS preflight, which the handler never grants).
+// docs/console.md describes the pages and the API.
+package apui
+
+import (
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"html/template"
+	"io/fs"
+	"net/http"
+	"strings"
+
+	"github.com/atomicphase/atomicphase"
+)
+
+// Options configure the console. Runner is required; every other field has
+// a default.
+type Options struct {
+	// Runner reads and changes the keys. Required. Its registered workflows
+	// name the phases on a key's page, and make "resume" run a key's phases
+	// at once instead of scheduling it for the sweep.
+	Runner *atomicphase.Runner
+	// Prefix is the path the handler is mounted under, without a trailing
+	// slash ("/console"); links and forms are built on it. Defaults to "" (the
+	// root).
+	Prefix string
+	// ReadOnly hides the actions and answers every POST with 403 Forbidden.
+	// Defaults to false.
+	ReadOnly bool
+	// Actor names who makes a request, as the embedding service knows them
+	// (from its session, a header its proxy sets, the basic-auth user): it
+	// is recorded in the note of every verdict given from the console.
+	// Defaults to a function that returns "console".
+	Actor func(r *http.Request) string
+	// Redact is called on a copy of every key before it is shown or served:
+	// blank or rewrite what operators must not see (card numbers in the
+	// state, tokens in the stored response). Defaults to showing all.
+	Redact func(k *atomicphase.KeyInfo)
+	// PageSize is how many keys a page of the list shows. Defaults to 50.
+	PageSize int
+	// BulkLimit is the most keys one bulk action changes; a filter that
+	// selects more changes the oldest BulkLimit, and the dry run says so.
+	// Defaults to 1000.
+	BulkLimit int
+}
+
+// Handler is the console: an http.Handler.
+type Handler struct {
+	opts  Options
+	mux   *http.ServeMux
+	pages map[string]*template.Template
+}
+
+// NewHandler returns the console for opts.
+func NewHandler(opts *Options) (*Handler, error) {
+	if opts == nil || opts.Runner == nil {
+		return nil, errors.New("apui: Options.Runner is required: pass the Runner of the key table to show")
+	}
+	o := *opts
+	o.Prefix = strings.TrimSuffix(o.Prefix, "/")
+	if o.Prefix != "" && !strings.HasPrefix(o.Prefix, "/") {
+		return nil, errors.New("apui: Options.Prefix must start with a slash, as in \"/console\"")
+	}
+	if o.Actor == nil {
+		o.Actor = func(*http.Request) string { return "console" }
+	}
+	if o.PageSize <= 0 {
+		o.PageSize = 50
+	}
+	if o.BulkLimit <= 0 {
+		o.BulkLimit = 1000
+	}
+	h := &Handler{opts: o, mux: http.NewServeMux()}
+	if err := h.parseTemplates(); err != nil {
+		return nil, err
+	}
+	static, err := fs.Sub(assets, "static")
+	if err != nil {
+		return nil, err
+	}
+	p := o.Prefix
+	h.mux.Handle("GET "+p+"/static/", http.StripPrefix(p+"/static/", http.FileServerFS(static)))
+	h.mux.HandleFunc("GET "+p+"/{$}", h.overview)
+	h.mux.HandleFunc("GET "+p+"/keys", h.keys)
+	h.mux.HandleFunc("GET "+p+"/key", h.key)
+	h.mux.HandleFunc("POST "+p+"/key", h.keyAction)
+	h.mux.HandleFunc("POST "+p+"/bulk", h.bulk)
+	h.mux.HandleFunc("GET "+p+"/api/levels", h.apiLevels)
+	h.mux.HandleFunc("GET "+p+"/api/keys", h.apiKeys)
+	h.mux.HandleFunc("GET "+p+"/api/key", h.apiKey)
+	h.mux.HandleFunc("GET "+p+"/api/lookup", h.apiLookup)
+	h.mux.HandleFunc("GET "+p+"/api/audit", h.apiAudit)
+	h.mux.HandleFunc("POST "+p+"/api/key/{action}", h.apiKeyAction)
+	h.mux.HandleFunc("POST "+p+"/api/bulk/{action}", h.apiBulk)
+	return h, nil
+}
+
+// ServeHTTP serves the console.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// The pages show keys' state and stored responses: never cache them,
+	// never frame them, never guess a type.
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Frame-Options", "DENY")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'")
+	w.Header().Set("Referrer-Policy", "no-referrer")
+	if r.Method == http.MethodPost {
+		if h.opts.ReadOnly {
+			http.Error(w, "the console is read-only", http.StatusForbidden)
+			return
+		}
+		// A browser says when a request comes from another site; such a
+		// POST is refused whatever it carries.
+		if r.Header.Get("Sec-Fetch-Site") == "cross-site" {
+			http.Error(w, "cross-site request refused", http.StatusForbidden)
+			return
+		}
+	}
+	h.mux.ServeHTTP(w, r)
+}
+
+// csrfCookie is the cookie that holds the token the forms must carry.
+const csrfCookie = "apui_csrf"
+
+// csrfToken returns the request's token, setting a new cookie when it has
+// none.
+func (h *Handler) csrfToken(w http.ResponseWriter, r *http.Request) string {
+	if c, err := r.Cookie(csrfCookie); err == nil && len(c.Value) == 64 {
+		return c.Value
+	}
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	tok := hex.EncodeToString(b)
+	path := h.opts.Prefix
+	if path == "" {
+		path = "/"
+	}
+	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: tok, Path: path, HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	return tok
+}
+
+// checkCSRF reports whether a form POST carries the token of its cookie.
+func checkCSRF(r *http.Request) bool {
+	c, err := r.Cookie(csrfCookie)
+	if err != nil || len(c.Value) != 64 {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(c.Value), []byte(r.PostFormValue("csrf"))) == 1
+}
+
+// redacted returns a copy of k passed through the redaction hook.
+func (h *Handler) redacted(k *atomicphase.KeyInfo) *atomicphase.KeyInfo {
+	c := *k
+	if k.Response != nil {
+		resp := *k.Response
+		resp.Header = k.Response.Header.Clone()
+		c.Response = &resp
+	}
+	if h.opts.Redact != nil {
+		h.opts.Redact(&c)
+	}
+	return &c
+}

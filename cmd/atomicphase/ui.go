@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/apui"
+)
+
+// uiFlags are the ui command's options.
+type uiFlags struct {
+	listen    string
+	token     string
+	basicAuth string
+	readOnly  bool
+}
+
+func (c *cli) uiCmd() *cobra.Command {
+	var f uiFlags
+	cmd := &cobra.Command{
+		Use:   "ui",
+		Short: "Serve the operator's console (web pages and JSON API) over the key table",
+		Long: strings.TrimSpace(`
+Serve the operator's console: the levels of unfinished keys by workflow and
+status, a filtered list of keys, each key's page, and the actions (resume,
+unpark, forget, resolve, and bulk versions with a dry run), plus the same as
+a JSON admin API under /api/. docs/console.md describes it.
+
+It listens on the loopback interface unless told otherwise, and refuses
+another address without --token or --basic-auth. With --token, requests
+must carry "Authorization: Bearer TOKEN" (scripts) or basic auth with the
+token as password (a browser asks for it); with --basic-auth USER:PASSWORD,
+that user and password. --read-only hides the actions and refuses every
+change. The token and password may come from ATOMICPHASE_UI_TOKEN and
+ATOMICPHASE_UI_BASIC_AUTH instead, to keep them off the command line.
+
+The CLI does not have your workflows' code: "resume" here schedules a key
+for the sweep of a process that registered its workflow. Mount the console
+in that process (apui.NewHandler) to resume keys at once.`),
+		Example: examples(
+			`atomicphase ui`,
+			`ATOMICPHASE_UI_TOKEN=s3cret atomicphase ui --listen :8081`,
+			`atomicphase ui --read-only`,
+		),
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.token == "" {
+				f.token = c.getenv("ATOMICPHASE_UI_TOKEN")
+			}
+			if f.basicAuth == "" {
+				f.basicAuth = c.getenv("ATOMICPHASE_UI_BASIC_AUTH")
+			}
+			return c.serveUI(cmd.Context(), &f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.listen, "listen", "127.0.0.1:8081", "address to listen on; anything but loopback needs --token or --basic-auth")
+	fl.StringVar(&f.token, "token", "", "require this bearer token (or basic auth with it as password); default $ATOMICPHASE_UI_TOKEN")
+	fl.StringVar(&f.basicAuth, "basic-auth", "", "require basic auth as USER:PASSWORD; default $ATOMICPHASE_UI_BASIC_AUTH")
+	fl.BoolVar(&f.readOnly, "read-only", false, "show keys, refuse every action")
+	return cmd
+}
+
+// serveUI serves the console until ctx ends.
+func (c *cli) serveUI(ctx context.Context, f *uiFlags) error {
+	var user, password string
+	if f.basicAuth != "" {
+		var ok bool
+		user, password, ok = strings.Cut(f.basicAuth, ":")
+		if !ok || user == "" || password == "" {
+			return usageErrorf("--basic-auth takes USER:PASSWORD, both non-empty")
+		}
+	}
+	if f.token != "" && f.basicAuth != "" {
+		return usageErrorf("give --token or --basic-auth, not both")
+	}
+	host, _, err := net.SplitHostPort(f.listen)
+	if err != nil {
+		return usageErrorf("--listen %q is not HOST:PORT: %v", f.listen, err)
+	}
+	if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && host != "localhost" && f.token == "" && f.basicAuth == "" {
+		return usageErrorf("--listen %q is not a loopback address: give --token or --basic-auth, so that the console is not open to the network", f.listen)
+	}
+	return c.withRunner(ctx, func(r *atomicphase.Runner) error {
+		h, err := apui.NewHandler(&apui.Options{Runner: r, ReadOnly: f.readOnly, Actor: actor(user, f.token)})
+		if err != nil {
+			return err
+		}
+		ln, err := net.Listen("tcp", f.listen)
+		if err != nil {
+			return err
+		}
+		srv := &http.Server{Handler: authenticate(h, f.token, user, password), ReadHeaderTimeout: 10 * time.Second}
+		mode := ""
+		if f.readOnly {
+			mode = " (read-only)"
+		}
+		fmt.Fprintf(c.stdout, "console at http://%s/%s\n", ln.Addr(), mode)
+		done := make(chan error, 1)
+		go func() { done <- srv.Serve(ln) }()
+		select {
+		case err := <-done:
+			return err
+		case <-ctx.Done():
+		}
+		shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(shutdown); err != nil {
+			return err
+		}
+		if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+}
+
+// actor names who acts, for the verdicts' notes: the basic-auth user, or
+// the token's holder, or the local operator.
+func actor(user, token string) func(*http.Request) string {
+	return func(r *http.Request) string {
+		switch {
+		case user != "":
+			return user
+		case token != "":
+			if u, _, ok := r.BasicAuth(); ok && u != "" {
+				return u
+			}
+			return "token"
+		}
+		return "local"
+	}
+}
+
+// authenticate lets through the requests that carry the token or the
+// user's password; with neither set, every request.
+func authenticate(h http.Handler, token, user, password string) http.Handler {
+	if token == "" && user == "" {
+		return h
+	}
+	eq := func(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u, p, basic := r.BasicAuth()
+		ok := false
+		switch {
+		case token != "":
+			bearer, isBearer := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			ok = (isBearer && eq(bearer, token)) || (basic && eq(p, token))
+		default:
+			ok = basic && eq(u, user) && eq(p, password)
+		}
+		if !ok {
+			w.Header().Set("WWW-Authenticate", `Basic realm="atomicphase console", charset="UTF-8"`)
+			http.Error(w, "authentication required", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
