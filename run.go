@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -153,6 +154,7 @@ func (r *Runner) runExisting(ctx context.Context, wf AnyWorkflow, req *Request, 
 	}
 	kr := r.keyRequest(wf, req, fp, state, newLockToken())
 	kr.MaxUnfinished = r.maxUnfinished()
+	sent := time.Now() // the lease starts no earlier
 	row, err := r.acquire(ctx, kr)
 	if err != nil {
 		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)
@@ -171,7 +173,7 @@ func (r *Runner) runExisting(ctx context.Context, wf AnyWorkflow, req *Request, 
 		e.Kind = EventFailedRetry
 	}
 	r.observe(ctx, e)
-	return newAttempt(r, wf, req.Scope, req.Key, row).run(ctx, row)
+	return newAttempt(r, wf, req.Scope, req.Key, row, sent).run(ctx, row)
 }
 
 // keyRequest is what the key store records of req.

@@ -8,11 +8,17 @@ import "context"
 var schemaObjects = []struct{ kind, name string }{
 	{"table", "idempotency_keys"},
 	{"column", "idempotency_keys.unknown_at"},
+	{"column", "idempotency_keys.lease_us"},
+	{"column", "idempotency_keys.call_until"},
 	{"function", "atomicphase_acquire(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)"},
 	{"function", "atomicphase_checkpoint(text, text, bigint, text, text, bytea, integer, jsonb, bytea)"},
 	{"function", "atomicphase_stale_before(bigint)"},
 	{"function", "atomicphase_lock_takeable(timestamptz, timestamptz)"},
-	{"function", "atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer)"},
+	{"function", "atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer)"}, // a previous release's, distributed too
+	{"function", "atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer, bigint)"},
+	{"function", "atomicphase_held_until(timestamptz, bigint, timestamptz, bigint)"},
+	{"function", "atomicphase_lock_expires(timestamptz, bigint, timestamptz, bigint, timestamptz)"},
+	{"function", "atomicphase_renew(text, text, bigint, bigint, bigint)"},
 	{"function", "atomicphase_take(text, text, bigint, bigint, boolean)"},
 	{"function", "atomicphase_release(text, text, bigint, text, bigint, boolean, boolean)"},
 	{"function", "atomicphase_unpark(text, text)"},
