@@ -64,6 +64,13 @@ func (c *ForeignCall) claim() error {
 	return nil
 }
 
+// claimed reports whether the call was made (or tried).
+func (c *ForeignCall) claimed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.used
+}
+
 func (c *ForeignCall) wasViolated() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -179,10 +186,13 @@ func (a *attempt) callPhase(ctx context.Context, st *step, state []byte) ([]byte
 		return nil, err
 	}
 	key := downstreamKey(a.salt, a.wf.Name(), a.scope, a.key, st.downstreamName)
-	// The key is marked as in a call, under a lease renewed while the call
-	// runs, before anything goes out: a crash from here on keeps every
-	// other attempt off the key until the call cannot be in flight.
-	l, lctx, err := a.hold(ctx, true)
+	// The call runs under a lease renewed while it runs. A call to a
+	// downstream without idempotency keys (a reconcile function) is also
+	// marked on the key before anything goes out: from here on no other
+	// attempt takes the key until the call cannot be in flight. (A
+	// downstream with idempotency keys deduplicates a call repeated while
+	// the first is in flight: it needs no mark, and costs no round trip.)
+	l, lctx, err := a.hold(ctx, st.reconcile != nil)
 	if err != nil {
 		return nil, err
 	}
@@ -196,6 +206,9 @@ func (a *attempt) callPhase(ctx context.Context, st *step, state []byte) ([]byte
 		if lerr := l.end(); lerr != nil {
 			return nil, lerr
 		}
+		if err != nil {
+			a.callEnded(ctx, false) // nothing went out
+		}
 		return out, err
 	}
 	fc := newForeignCall(key)
@@ -205,11 +218,11 @@ func (a *attempt) callPhase(ctx context.Context, st *step, state []byte) ([]byte
 		// nothing of it may be committed now.
 		return nil, lerr
 	}
-	if err != nil {
+	if err != nil && st.reconcile != nil {
 		// The call is over: the key's quiet period shrinks to the grace
 		// from now, so that a retry reconciles as soon as the downstream
-		// can have acted.
-		a.callEnded(ctx)
+		// can have acted, or ends now when nothing went out.
+		a.callEnded(ctx, fc.claimed())
 	}
 	if ferr := a.fault(ctx, st.name, AfterForeign, nil); ferr != nil {
 		if st.reconcile != nil && !errors.Is(ferr, ErrCrashed) {
@@ -231,14 +244,18 @@ func (a *attempt) callPhase(ctx context.Context, st *step, state []byte) ([]byte
 	return out, err
 }
 
-// callEnded marks the key's foreign call as over, best effort: no other
-// attempt may take the key for Config.CallGrace from now, the time the
-// downstream may still act on what it received. When this fails the mark
-// set before the call stands, which only waits longer.
-func (a *attempt) callEnded(ctx context.Context) {
+// callEnded marks the key's foreign call as over, best effort: when it was
+// sent, no other attempt may take the key for Config.CallGrace from now,
+// the time the downstream may still act on what it received; when nothing
+// was sent, the mark ends now. When this fails the mark set before the call
+// stands, which only waits longer.
+func (a *attempt) callEnded(ctx context.Context, sentCall bool) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	grace := a.r.cfg.CallGrace
+	var grace time.Duration
+	if sentCall {
+		grace = a.r.cfg.CallGrace
+	}
 	sent := time.Now()
 	if ok, err := a.r.store.Renew(ctx, a.r.pool, a.scope, a.key, a.token, &grace); err == nil && ok {
 		a.leaseFrom = sent
