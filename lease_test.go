@@ -183,9 +183,10 @@ func TestTakeoverWaitsForACallInFlight(t *testing.T) {
 	}()
 	<-calling
 	dying.Close() // the process is gone: nothing renews its lease
-	require.Error(t, <-first)
 
+	// Retries begin while the call is still in flight at the bank.
 	resp := retryUntilDone(t, b.runner, wf, payoutRequest("dies"), lockTimeout/2)
+	require.Error(t, <-first)
 	require.Equal(t, 201, resp.Status)
 	require.Equal(t, 1, bk.total(), "one payout: reconciliation found the first")
 	require.EqualValues(t, 1, bk.calls.Load(), "one call")
@@ -245,6 +246,9 @@ func TestDuplicatesOfANewKeyAreRefusedAtOnce(t *testing.T) {
 	r, err := atomicphase.NewRunner(pool, nil)
 	require.NoError(t, err)
 	entered, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(free) // a failed test does not leave the first request blocked
 	quick := atomicphase.MustWorkflow("quick", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
 		atomicphase.Local("only", func(context.Context, atomicphase.Tx, *struct{}) (atomicphase.Outcome, error) {
 			return atomicphase.Respond(200, []byte("ok")), nil
@@ -296,7 +300,7 @@ func TestDuplicatesOfANewKeyAreRefusedAtOnce(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("another tenant's request found no connection")
 	}
-	close(release)
+	free()
 	require.NoError(t, <-first)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE scope = 'slow'`))
 }
