@@ -154,12 +154,19 @@ func (l *lease) end() error {
 	from := l.from
 	l.mu.Unlock()
 	l.ticks.Wait()
-	l.a.leaseFrom = from
+	if from.After(l.a.leaseFrom) {
+		l.a.leaseFrom = from
+	}
 	if err == nil && !time.Now().Before(from.Add(l.ttl)) {
 		err = errLeaseExpired
 	}
 	return err
 }
 
-// release ends the lease's context; deferred after end.
-func (l *lease) release() { l.cancel(nil) }
+// release stops renewing, if end has not, and ends the lease's context:
+// deferred, so that no renewal outlives the work, whichever way it ended
+// (a crash included: a dead process renews nothing).
+func (l *lease) release() {
+	_ = l.end()
+	l.cancel(nil)
+}
