@@ -319,7 +319,9 @@ func TestReviewConcurrentDuplicatesUnderFailures(t *testing.T) {
 	t.Parallel()
 	opts := *testDBOpts
 	opts.PoolConfig = func(cfg *pgxpool.Config) { cfg.MaxConns = 24 }
-	b := setupDB(t, &opts, &atomicphase.Config{MaxAttempts: 1000})
+	// The stress bank acts before it answers: once a call returned, nothing
+	// of it is in flight, and the grace can be short.
+	b := setupDB(t, &opts, &atomicphase.Config{MaxAttempts: 1000, CallGrace: time.Millisecond})
 	sb := &stressBank{payouts: map[string]int{}}
 	wf := stressWorkflow(sb, 25)
 	const keys, clients = 6, 8
