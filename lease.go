@@ -73,13 +73,15 @@ func (a *attempt) hold(ctx context.Context, call bool) (*lease, context.Context,
 		l.from = sent
 		a.leaseFrom = sent
 	}
+	l.mu.Lock()
 	l.schedule(time.Now())
+	l.mu.Unlock()
 	return l, ctx, nil
 }
 
 // schedule arms the next renewal: a third of the lease after the last one
 // that took, or at once when that is past; never later than the deadline.
-// Called with mu held, or before the lease is shared.
+// Called with mu held.
 func (l *lease) schedule(now time.Time) {
 	next := l.from.Add(l.ttl / 3).Sub(now)
 	if next < 0 {
