@@ -77,7 +77,8 @@
 //     (foreign_call.go, or reconcile.go when an earlier call may have gone
 //     out), the local phases on one transaction (phase_tx.go), routed by
 //     their outcome (outcome.go), committed with the recovery point
-//     (recovery_point.go).
+//     (recovery_point.go); a call and a unit hold the key's lease, renewed
+//     while they run (lease.go).
 //
 // Beside the path: resume.go (Resume), inspect.go (Inspect), operator.go
 // (ListKeys, Unpark, Forget, RecordResolution), sweep.go (the Sweeper and
