@@ -46,15 +46,23 @@ type attempt struct {
 	rec *keystore.Recording
 	// conn is a connection already in hand, for the first unit.
 	conn *pgxpool.Conn
+	// leaseFrom is the local time the last statement that started or
+	// renewed the key's lease was sent (lease.go); zero while the key rides,
+	// unrecorded, in the first unit's transaction.
+	leaseFrom time.Time
+	// budget, when set, bounds each phase's function, call and commit (the
+	// sweep's resumes: a phase that hangs must not stall the sweep, while a
+	// long workflow whose phases each fit is finished).
+	budget time.Duration
 }
 
 // newAttempt makes the attempt for a key acquisition took, from the row it
 // returned.
-func newAttempt(r *Runner, wf AnyWorkflow, scope, key string, row *keystore.Row) *attempt {
+func newAttempt(r *Runner, wf AnyWorkflow, scope, key string, row *keystore.Row, leaseFrom time.Time) *attempt {
 	// attempts is 1 only for the acquisition that recorded the key: a
 	// takeover or a Resume counts on from the row's own count.
 	a := &attempt{r: r, wf: wf, scope: scope, key: key, token: row.LockToken, attempts: row.Attempts, fresh: row.Attempts == 1,
-		resumedFrom: row.RecoveryPoint}
+		resumedFrom: row.RecoveryPoint, leaseFrom: leaseFrom}
 	if row.DownstreamSalt != nil {
 		a.salt = *row.DownstreamSalt
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/atomicphase/atomicphase"
@@ -71,11 +72,29 @@ func TestRunFencingStopsSlowAttemptAfterTakeover(t *testing.T) {
 		return nil
 	}})
 
+	// A runs in a process that cannot renew its lease while it stalls (its
+	// one connection is the one its phase holds), as a frozen process
+	// cannot: the lease ends, and B may take the key over.
+	pcfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	pcfg.MaxConns = 1
+	poolA, err := pgxpool.NewWithConfig(b.ctx, pcfg)
+	require.NoError(t, err)
+	t.Cleanup(poolA.Close)
+	runnerA, err := atomicphase.NewRunner(poolA, &atomicphase.Config{LockTimeout: lockTimeout})
+	require.NoError(t, err)
 	aDone := make(chan error, 1)
 	go func() {
-		_, err := b.runner.Run(b.ctx, wf, orderRequest("u", "k"))
+		_, err := runnerA.Run(b.ctx, wf, orderRequest("u", "k"))
 		aDone <- err
 	}()
+	t.Cleanup(func() {
+		select {
+		case <-blockA:
+		default:
+			close(blockA) // a failed test does not leave A blocked
+		}
+	})
 	<-inFinish
 	time.Sleep(lockTimeout + 100*time.Millisecond)
 

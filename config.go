@@ -13,6 +13,7 @@ import (
 // Defaults of Config.
 const (
 	DefaultLockTimeout  = 90 * time.Second
+	DefaultCallGrace    = 10 * time.Second
 	DefaultMaxKeyLength = 255
 	DefaultPhaseRetries = 5
 	DefaultRetryBackoff = 10 * time.Millisecond
@@ -28,11 +29,21 @@ const (
 
 // Config configures a Runner. A nil *Config means all defaults.
 type Config struct {
-	// LockTimeout is how long a locked, unfinished key may go without a
-	// phase commit before the next retry may take it over and resume it.
-	// Set it above your slowest phase, foreign call included. Defaults to
-	// 90s.
+	// LockTimeout is the length of a key's lease: how long a locked,
+	// unfinished key may go without its holder renewing the lock (every
+	// phase commit does, and the holder renews it while a foreign call or a
+	// long unit of phases runs) before the next retry may take it over and
+	// resume it. It is stored on the key row with every renewal, so every
+	// reader knows it. A holder that cannot renew in time cancels its work
+	// and commits nothing more. Defaults to 90s.
 	LockTimeout time.Duration
+
+	// CallGrace is how long after a foreign call's lease ended a downstream
+	// may still act on a request it had received: no other attempt takes
+	// the key (and so none reconciles or calls again) until the lease of a
+	// holder that was inside a foreign call has ended plus CallGrace. Set it
+	// above the downstream's own server-side timeout. Defaults to 10s.
+	CallGrace time.Duration
 
 	// MaxKeyLength is the longest idempotency key accepted, in bytes (keys
 	// are printable ASCII). Defaults to 255.
@@ -135,6 +146,12 @@ func (c *Config) withDefaults() (Config, error) {
 		out.LockTimeout = DefaultLockTimeout
 	case out.LockTimeout < time.Millisecond:
 		errs = append(errs, fmt.Errorf("Config.LockTimeout is %s; use at least 1ms, or 0 for the default %s", out.LockTimeout, DefaultLockTimeout))
+	}
+	switch {
+	case out.CallGrace == 0:
+		out.CallGrace = DefaultCallGrace
+	case out.CallGrace < 0:
+		errs = append(errs, fmt.Errorf("Config.CallGrace is %s; use a positive duration, or 0 for the default %s", out.CallGrace, DefaultCallGrace))
 	}
 	switch {
 	case out.MaxKeyLength == 0:

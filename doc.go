@@ -80,7 +80,8 @@
 //     their outcome (outcome.go), committed with the recovery point
 //     (recovery_point.go); a failed unit is classified (classify.go), and a
 //     refusal of the request's data ends it with a stored 422
-//     (data_refusal.go).
+//     (data_refusal.go); a call and a unit hold the key's lease, renewed
+//     while they run (lease.go).
 //
 // Beside the path: resume.go (Resume), inspect.go (Inspect), operator.go
 // (ListKeys, Unpark, Forget, RecordResolution), parked.go (ForgetKeys,

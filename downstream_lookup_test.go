@@ -13,7 +13,7 @@ import (
 // the webhook names and no other, and ResolveUnknown settles it.
 func TestFindDownstreamKeyFromAWebhooksReference(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil)
+	b := setup(t, syncBankConfig()) // the bank acts before it answers
 	bk := newBank()
 	wf := payoutWorkflow(bk)
 	for _, key := range []string{"before", "k", "after"} {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"io"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/atomicphase/atomicphase/internal/fingerprint"
 )
@@ -75,6 +77,13 @@ func (c *ForeignCall) claim() error {
 	return nil
 }
 
+// claimed reports whether the call was made (or tried).
+func (c *ForeignCall) claimed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.used
+}
+
 func (c *ForeignCall) wasViolated() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -102,15 +111,40 @@ func (c *ForeignCall) Transport(base http.RoundTripper) http.RoundTripper {
 				return nil, err
 			}
 		}
-		if req.Header.Get("Idempotency-Key") != c.key {
-			req = req.Clone(req.Context())
-			req.Header.Set("Idempotency-Key", c.key)
-		}
+		out := req.Clone(req.Context())
+		out.Header.Set("Idempotency-Key", c.key)
+		// net/http re-sends a request whose connection broke after it was
+		// written when it thinks the request replayable, and it takes an
+		// Idempotency-Key header for a licence to replay: below this guard,
+		// unseen, a second send. A body it cannot rewind (no GetBody, and
+		// never nil or http.NoBody) makes a request not replayable, whatever
+		// its method and headers (net/http and its HTTP/2 transport re-send
+		// such a request only when nothing of it was written).
+		out.Body, out.GetBody = &sendOnce{body: req.Body}, nil
 		c.mu.Lock()
-		c.sent = append(c.sent, req)
+		c.sent = append(c.sent, req, out) // a redirect names either
 		c.mu.Unlock()
-		return base.RoundTrip(req)
+		return base.RoundTrip(out)
 	})
+}
+
+// sendOnce is a request body that net/http cannot rewind, around the
+// request's own (nil for none: it reads as empty, and net/http then sends
+// no body, as for a nil one).
+type sendOnce struct{ body io.ReadCloser }
+
+func (b *sendOnce) Read(p []byte) (int, error) {
+	if b.body == nil {
+		return 0, io.EOF
+	}
+	return b.body.Read(p)
+}
+
+func (b *sendOnce) Close() error {
+	if b.body == nil {
+		return nil
+	}
+	return b.body.Close()
 }
 
 // followsRedirect reports whether req is the client following a redirect
@@ -165,14 +199,44 @@ func (a *attempt) callPhase(ctx context.Context, st *step, state []byte) ([]byte
 		return nil, err
 	}
 	key := downstreamKey(a.salt, a.wf.Name(), a.scope, a.key, st.downstreamName)
+	// The call runs under a lease renewed while it runs. A call to a
+	// downstream without idempotency keys (a reconcile function) is also
+	// marked on the key before anything goes out: from here on no other
+	// attempt takes the key until the call cannot be in flight. (A
+	// downstream with idempotency keys deduplicates a call repeated while
+	// the first is in flight: it needs no mark, and costs no round trip.)
+	l, lctx, err := a.hold(ctx, st.reconcile != nil)
+	if err != nil {
+		return nil, err
+	}
+	defer l.release()
+	lctx, cancel := a.bound(lctx)
+	defer cancel()
 	// The reconcile function gets a guard of its own, so that a lookup
 	// made through it leaves the call's one claim unspent.
-	out, happened, err := a.reconcile(ctx, st, newForeignCall(key), state)
+	out, happened, err := a.reconcile(lctx, st, newForeignCall(key), state)
 	if err != nil || happened {
+		if lerr := l.end(); lerr != nil {
+			return nil, lerr
+		}
+		if err != nil {
+			a.callEnded(ctx, false) // nothing went out
+		}
 		return out, err
 	}
 	fc := newForeignCall(key)
-	out, err = st.call(ctx, fc, state)
+	out, err = st.call(lctx, fc, state)
+	if lerr := l.end(); lerr != nil {
+		// The call's context ended with the lease: whatever it returned,
+		// nothing of it may be committed now.
+		return nil, lerr
+	}
+	if err != nil && st.reconcile != nil {
+		// The call is over: the key's quiet period shrinks to the grace
+		// from now, so that a retry reconciles as soon as the downstream
+		// can have acted, or ends now when nothing went out.
+		a.callEnded(ctx, fc.claimed())
+	}
 	if ferr := a.fault(ctx, st.name, AfterForeign, nil); ferr != nil {
 		if st.reconcile != nil && !errors.Is(ferr, ErrCrashed) {
 			// Whatever failed after the call, it may have gone out.
@@ -193,4 +257,30 @@ func (a *attempt) callPhase(ctx context.Context, st *step, state []byte) ([]byte
 		a.r.observe(ctx, Event{Kind: EventUnknown, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name, Err: err})
 	}
 	return out, err
+}
+
+// callEnded marks the key's foreign call as over, best effort: when it was
+// sent, no other attempt may take the key for Config.CallGrace from now,
+// the time the downstream may still act on what it received; when nothing
+// was sent, the mark ends now. When this fails the mark set before the call
+// stands, which only waits longer.
+func (a *attempt) callEnded(ctx context.Context, sentCall bool) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	var grace time.Duration
+	if sentCall {
+		grace = a.r.cfg.CallGrace
+	}
+	sent := time.Now()
+	if ok, err := a.r.store.Renew(ctx, a.r.pool, a.scope, a.key, a.token, &grace); err == nil && ok {
+		a.leaseFrom = sent
+	}
+}
+
+// bound bounds ctx by the attempt's per-phase budget, when it has one.
+func (a *attempt) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if a.budget <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, a.budget)
 }

@@ -167,7 +167,13 @@ func (a *attempt) recordAlone(ctx context.Context) (ours bool, err error) {
 	defer cancel()
 	// The recording again, on its own: it records nothing when the key
 	// exists, whoever recorded it.
+	sent := time.Now() // a recording starts the lease no earlier
 	err = rec.RecordAgain(ctx, a.r.pool)
+	if err == nil || a.leaseFrom.IsZero() {
+		// (A key recorded before by this attempt was recorded by a commit
+		// whose answer was lost, which set leaseFrom when it was sent.)
+		a.leaseFrom = sent
+	}
 	switch {
 	case errors.Is(err, keystore.ErrNotRecorded):
 		// Recorded before: by this attempt, in a commit whose answer was
@@ -223,6 +229,17 @@ func (a *attempt) runUnit(ctx context.Context, idx int, state []byte, first phas
 // The connection is held only for this.
 func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, fuse bool) (res phaseResult, ue *unitError) {
 	steps := a.wf.phaseSteps()
+	var l *lease
+	if a.rec == nil {
+		// The key is recorded: renew its lease while the unit runs. (A key
+		// riding unrecorded in this transaction is no other attempt's to
+		// take.)
+		lctx := ctx
+		l, lctx, _ = a.hold(ctx, false)
+		defer l.release()
+		pr.ctx = underLease(pr.ctx, ctx, lctx)
+		ctx = lctx
+	}
 	pc := a.conn
 	a.conn = nil
 	if pc == nil {
@@ -283,8 +300,14 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 		out := Outcome{}
 		if st.local != nil {
 			var err error
-			state, out, err = st.local(pr.ctx, tx, state)
-			if err = tx.end(err); err != nil {
+			pctx, cancel := a.bound(pr.ctx)
+			state, out, err = st.local(pctx, tx, state)
+			err = tx.end(err)
+			cancel()
+			if err != nil && l != nil {
+				err = leaseCause(l, err)
+			}
+			if err != nil {
 				return fail(st.name, err)
 			}
 		}
@@ -307,7 +330,16 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 		if err := a.fault(pr.ctx, st.name, BeforeCommit, pc.Conn()); err != nil {
 			return fail(st.name, err)
 		}
-		if err := a.commit(pr.ctx, pc.Conn(), tx, cp); err != nil {
+		if l != nil {
+			// Nothing is committed past the lease.
+			if err := l.end(); err != nil {
+				return fail(st.name, err)
+			}
+		}
+		cctx, cancel := a.bound(pr.ctx)
+		err = a.commit(cctx, pc.Conn(), tx, cp)
+		cancel()
+		if err != nil {
 			res, ue := fail(st.name, err)
 			ue.mayHaveCommitted = answerMayBeLost(err)
 			return res, ue
@@ -332,6 +364,29 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 		}
 		return res, nil
 	}
+}
+
+// underLease returns the context a unit's first phase runs under, also
+// ended with the unit's lease: lctx itself when the phase's context is the
+// unit's own (no Observer opened a span), else the span's context, linked.
+func underLease(phaseCtx, unitCtx, lctx context.Context) context.Context {
+	if phaseCtx == unitCtx {
+		return lctx
+	}
+	c, cancel := context.WithCancelCause(phaseCtx)
+	context.AfterFunc(lctx, func() { cancel(context.Cause(lctx)) })
+	return c
+}
+
+// leaseCause is err, or the lease's loss when that is what ended it.
+func leaseCause(l *lease, err error) error {
+	l.mu.Lock()
+	lost := l.err
+	l.mu.Unlock()
+	if lost != nil && !errors.Is(err, ErrLockLost) {
+		return fmt.Errorf("%w (%v)", lost, err)
+	}
+	return err
 }
 
 // joins reports whether phase next joins the unit whose transaction is tx:

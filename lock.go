@@ -62,8 +62,25 @@ func newLockToken() int64 {
 // take takes an unfinished key that nobody holds, for Resume and the
 // sweep. It returns nil when the key is finished, held by a live attempt,
 // or absent.
+//
+// A take whose answer was lost may have taken the key with nobody to run
+// it: as after a lost acquisition answer, the key is unlocked by the token
+// (which nobody else holds), so that the next attempt need not wait for the
+// lease to end.
 func (r *Runner) take(ctx context.Context, scope, key string, token int64, sweep bool) (*keystore.Row, error) {
-	return r.store.Take(ctx, r.pool, scope, key, token, sweep)
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err // nothing was sent
+	}
+	row, err := r.store.Take(ctx, conn, scope, key, token, sweep)
+	conn.Release() // before the unlock below, which needs a connection of its own
+	if err != nil && answerMayBeLost(err) {
+		if uerr := r.unlock(ctx, scope, key, token); uerr != nil {
+			r.logKey(ctx, slog.LevelWarn, "atomicphase: unlock after a lost take answer failed; the key is takeable when its lease ends",
+				"", scope, key, "error", uerr)
+		}
+	}
+	return row, err
 }
 
 // unlock releases the lock an attempt holds with token, so the next attempt

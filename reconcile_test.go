@@ -114,6 +114,14 @@ func payoutWorkflow(bk *bank) *atomicphase.Workflow[payout] {
 	}, nil)
 }
 
+// syncBankConfig is the Runner's configuration for the bank above, which
+// acts before it answers: once a call has returned nothing of it is in
+// flight, and a retry may reconcile at once (Config.CallGrace is for
+// downstreams that may act after their caller gave up; see lease_test.go).
+func syncBankConfig() *atomicphase.Config {
+	return &atomicphase.Config{CallGrace: time.Millisecond}
+}
+
 func payoutRequest(key string) atomicphase.Request {
 	return atomicphase.Request{Scope: "driver_1", Key: key, Method: "POST", Path: "/payouts"}
 }
@@ -125,7 +133,7 @@ func TestUnknownOutcomeIsReconciledNotRepeated(t *testing.T) {
 	for _, mode := range []string{"act-then-lose", "act-then-5xx", "timeout"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, nil)
+			b := setup(t, syncBankConfig())
 			bk := newBank()
 			bk.fail = []string{mode}
 			wf := payoutWorkflow(bk)
@@ -174,7 +182,7 @@ func TestCrashAfterTheCallIsReconciled(t *testing.T) {
 // once.
 func TestNotHappenedIsCalledOnce(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil)
+	b := setup(t, syncBankConfig())
 	bk := newBank()
 	bk.fail = []string{"refuse-5xx"}
 	wf := payoutWorkflow(bk)
@@ -192,7 +200,7 @@ func TestNotHappenedIsCalledOnce(t *testing.T) {
 // HTTP) and send nothing; afterwards the request finishes with one payout.
 func TestReconcileFailingForAWhileSendsNothing(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil)
+	b := setup(t, syncBankConfig())
 	bk := newBank()
 	bk.fail = []string{"act-then-lose"}
 	wf := payoutWorkflow(bk)
@@ -215,7 +223,7 @@ func TestReconcileFailingForAWhileSendsNothing(t *testing.T) {
 // the reconcile-after time; a reconcile that keeps failing parks the key.
 func TestSweepReconcilesAndParksWhatItCannotTell(t *testing.T) {
 	t.Parallel()
-	b := setup(t, &atomicphase.Config{AttemptBackoff: time.Millisecond, MaxAttempts: 3})
+	b := setup(t, &atomicphase.Config{AttemptBackoff: time.Millisecond, MaxAttempts: 3, CallGrace: time.Millisecond})
 	bk := newBank()
 	bk.fail = []string{"act-then-5xx", "act-then-5xx"}
 	wf := payoutWorkflow(bk)
@@ -259,7 +267,7 @@ func TestResolveUnknownRacesTheSweep(t *testing.T) {
 	for round := range 5 {
 		t.Run(fmt.Sprint(round), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, &atomicphase.Config{AttemptBackoff: time.Millisecond})
+			b := setup(t, &atomicphase.Config{AttemptBackoff: time.Millisecond, CallGrace: time.Millisecond})
 			bk := newBank()
 			bk.fail = []string{"act-then-lose"}
 			wf := payoutWorkflow(bk)
@@ -303,7 +311,7 @@ func TestResolveUnknownRacesTheSweep(t *testing.T) {
 // changes nothing.
 func TestResolveUnknownRefusesOtherKeys(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil)
+	b := setup(t, syncBankConfig())
 	bk := newBank()
 	wf := payoutWorkflow(bk)
 	var c counters
@@ -325,7 +333,7 @@ func TestRecordResolutionByHand(t *testing.T) {
 	for _, happened := range []bool{true, false} {
 		t.Run(fmt.Sprint(happened), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, nil)
+			b := setup(t, syncBankConfig())
 			bk := newBank()
 			mode := "refuse-5xx"
 			if happened {
@@ -370,7 +378,7 @@ func TestRecordResolutionByHand(t *testing.T) {
 // parking the key again at once ("3 attempts never finished").
 func TestRecordResolutionResetsTheAttempts(t *testing.T) {
 	t.Parallel()
-	b := setup(t, &atomicphase.Config{AttemptBackoff: time.Millisecond, MaxAttempts: 3})
+	b := setup(t, &atomicphase.Config{AttemptBackoff: time.Millisecond, MaxAttempts: 3, CallGrace: time.Millisecond})
 	bk := newBank()
 	bk.fail = []string{"act-then-5xx"}
 	wf := payoutWorkflow(bk)
@@ -432,7 +440,7 @@ func TestRecordResolutionRefusesAKeyWithoutUnknownOutcome(t *testing.T) {
 // calls again.
 func TestAnswerIsNoUnknownOutcome(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil)
+	b := setup(t, syncBankConfig())
 	bk := newBank()
 	refused := true
 	wf := atomicphase.MustWorkflow("payout", startEmpty[payout], []atomicphase.Phase[payout]{
@@ -478,7 +486,7 @@ func TestRecordResolutionWithTheCallsResult(t *testing.T) {
 	for _, withResult := range []bool{true, false} {
 		t.Run(fmt.Sprint(withResult), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, nil)
+			b := setup(t, syncBankConfig())
 			bk := newBank()
 			bk.fail = []string{"act-then-lose"}
 			wf := atomicphase.MustWorkflow("payout", startEmpty[payout], []atomicphase.Phase[payout]{

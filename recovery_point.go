@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -59,7 +60,7 @@ type checkpoint struct {
 // the COMMIT queued behind it, rolling back the unit's writes. When the
 // unit wrote nothing the checkpoint is a single statement. A lost lock is
 // reported as ErrLockLost.
-func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *checkpoint) error {
+func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *checkpoint) (err error) {
 	sql, args, err := a.checkpointQuery(cp)
 	if err != nil {
 		return err
@@ -70,6 +71,14 @@ func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *c
 		clear, clearArgs := a.r.store.ClearLastError(a.scope, a.key, a.token)
 		tx.Queue(clear, clearArgs...)
 	}
+	sent := time.Now() // the checkpoint renews the lease, from no earlier
+	defer func() {
+		// A commit that also records the key may have committed even when
+		// its answer was lost: its lease then starts no earlier than sent.
+		if err == nil || a.rec != nil {
+			a.leaseFrom = sent
+		}
+	}()
 	if tx.begun() || tx.pending() {
 		var br pgx.BatchResults
 		br, err = tx.send(ctx, func(b *pgx.Batch) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Resume continues an unfinished key with no request at hand, from its
@@ -47,6 +48,7 @@ func (r *Runner) resume(ctx context.Context, scope, key string, opts resumeOpts)
 		}
 		end(err)
 	}()
+	sent := time.Now() // the lease starts no earlier
 	row, err := r.take(ctx, scope, key, newLockToken(), opts.sweep)
 	if err != nil {
 		err = storeError("resume key", err)
@@ -79,7 +81,10 @@ func (r *Runner) resume(ctx context.Context, scope, key string, opts resumeOpts)
 	if row.TookOver {
 		kind = EventTakeover
 	}
-	a := newAttempt(r, wf, scope, key, row)
+	a := newAttempt(r, wf, scope, key, row, sent)
+	if opts.sweep {
+		a.budget = r.cfg.LockTimeout
+	}
 	if opts.sweep {
 		if !a.runnable(row) {
 			return nil, errors.Join(errNotRunnable, r.unlock(ctx, scope, key, row.LockToken))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -154,6 +155,7 @@ func (r *Runner) runExisting(ctx context.Context, wf AnyWorkflow, req *Request, 
 	kr := r.keyRequest(wf, req, fp, state, newLockToken())
 	kr.MaxUnfinished = r.maxUnfinished()
 	kr.MaxAttempts = int32(min(r.cfg.MaxAttempts, math.MaxInt32))
+	sent := time.Now() // the lease starts no earlier
 	row, err := r.acquire(ctx, kr)
 	if err != nil {
 		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)
@@ -172,7 +174,7 @@ func (r *Runner) runExisting(ctx context.Context, wf AnyWorkflow, req *Request, 
 		e.Kind = EventFailedRetry
 	}
 	r.observe(ctx, e)
-	return newAttempt(r, wf, req.Scope, req.Key, row).run(ctx, row)
+	return newAttempt(r, wf, req.Scope, req.Key, row, sent).run(ctx, row)
 }
 
 // keyRequest is what the key store records of req.

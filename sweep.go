@@ -282,13 +282,13 @@ func (s *Sweeper) count(ctx context.Context, res *SweepResult, k keystore.Ref, r
 	}
 }
 
-// resumeOne resumes one abandoned key for the sweep, within the lock
-// timeout (after which the attempt is fenced off anyway, and a hanging phase
-// must not stall the whole sweep). A phase that panics has parked its key;
-// the panic is reported as that key's failure, and the sweep goes on.
+// resumeOne resumes one abandoned key for the sweep. Each phase's
+// function, call and commit gets the lock timeout (a hanging phase must not
+// stall the whole sweep), and the attempt renews its lease as it goes, so a
+// workflow of any length whose phases each fit is finished, fused units
+// included. A phase that panics has parked its key; the panic is reported
+// as that key's failure, and the sweep goes on.
 func (s *Sweeper) resumeOne(ctx context.Context, scope, key string) (resp *Response, err error) {
-	ctx, cancel := context.WithTimeout(ctx, s.r.cfg.LockTimeout)
-	defer cancel()
 	defer func() {
 		if p := recover(); p != nil {
 			resp, err = nil, &PhaseError{Err: fmt.Errorf("panic: %v", p), Parked: true}

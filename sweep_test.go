@@ -27,14 +27,17 @@ func crashOnce(phase string, place atomicphase.FaultPlace) atomicphase.FaultInje
 	})
 }
 
-// ageLocks makes every held lock older than the lock timeout: the passage of
-// time after a crash, without the wait. Times are shifted in UTC, on
+// ageLocks makes every held lock older than the lock timeout, and every
+// foreign call's quiet period past: the passage of time after a crash,
+// without the wait. Times are shifted in UTC, on
 // timestamps without time zone, whose operators are immutable: Citus
 // refuses a stable one (timestamptz minus interval) applied to a column in
 // an UPDATE.
 func ageLocks(t *testing.T, b *testBundle) {
 	t.Helper()
-	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET locked_at = (locked_at AT TIME ZONE 'UTC' - interval '1 day') AT TIME ZONE 'UTC' WHERE locked_at IS NOT NULL`)
+	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET locked_at = (locked_at AT TIME ZONE 'UTC' - interval '1 day') AT TIME ZONE 'UTC',
+		call_until = (call_until AT TIME ZONE 'UTC' - interval '1 day') AT TIME ZONE 'UTC'
+		WHERE locked_at IS NOT NULL OR call_until IS NOT NULL`)
 	require.NoError(t, err)
 }
 

@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -56,7 +57,9 @@ type testBundle struct {
 func setup(t *testing.T, opts *Options) *testBundle {
 	t.Helper()
 	db := atomicphasetest.NewDB(t, nil)
-	runner, err := atomicphase.NewRunner(db.Pool, nil)
+	// The fixtures' downstream calls fail without acting: nothing of them
+	// is in flight, and an operator may act at once (Config.CallGrace).
+	runner, err := atomicphase.NewRunner(db.Pool, &atomicphase.Config{CallGrace: time.Nanosecond})
 	require.NoError(t, err)
 	b := &testBundle{db: db, runner: runner, ctx: context.Background(), labels: new(int)}
 	start := func(_ struct{}, req *atomicphase.Request) (state, error) { return state{Item: req.Key}, nil }

@@ -24,7 +24,6 @@ CREATE FUNCTION /* TEMPLATE: schema */atomicphase_record_verdict(
 ) RETURNS TABLE (workflow text, recorded boolean) LANGUAGE plpgsql AS $$
 DECLARE
     v_now        timestamptz := now();
-    stale_before timestamptz := /* TEMPLATE: schema */atomicphase_stale_before(p_lock_timeout_us);
 BEGIN
     UPDATE /* TEMPLATE: schema */idempotency_keys AS k
     SET resolved_after = k.recovery_point, resolved_happened = p_happened, resolved_note = p_note,
@@ -32,7 +31,7 @@ BEGIN
         updated_at = v_now, attempts = 1
     WHERE k.scope = p_scope AND k.idempotency_key = p_key AND k.response_status IS NULL
       AND k.unknown_at IS NOT NULL
-      AND /* TEMPLATE: schema */atomicphase_lock_takeable(k.locked_at, stale_before)
+      AND coalesce(/* TEMPLATE: schema */atomicphase_held_until(k.locked_at, k.lease_us, k.call_until, p_lock_timeout_us) < v_now, true)
     RETURNING k.workflow INTO workflow;
     IF FOUND THEN
         recorded := true;
@@ -42,7 +41,7 @@ BEGIN
     SELECT k.workflow, false INTO workflow, recorded
     FROM /* TEMPLATE: schema */idempotency_keys k
     WHERE k.scope = p_scope AND k.idempotency_key = p_key AND k.response_status IS NULL
-      AND /* TEMPLATE: schema */atomicphase_lock_takeable(k.locked_at, stale_before);
+      AND coalesce(/* TEMPLATE: schema */atomicphase_held_until(k.locked_at, k.lease_us, k.call_until, p_lock_timeout_us) < v_now, true);
     IF FOUND THEN
         RETURN NEXT;
     END IF;
@@ -51,20 +50,19 @@ $$;
 
 -- The verdict of an older library (which knows no result) clears any result
 -- an earlier verdict left, so that it is never taken for this one's; it is
--- otherwise what that library's version of the function did.
+-- otherwise migration 007's function.
 CREATE OR REPLACE FUNCTION /* TEMPLATE: schema */atomicphase_record_resolution(
     p_scope text, p_key text, p_happened boolean, p_note text, p_lock_timeout_us bigint
 ) RETURNS SETOF text LANGUAGE plpgsql AS $$
 DECLARE
     v_now        timestamptz := now();
-    stale_before timestamptz := /* TEMPLATE: schema */atomicphase_stale_before(p_lock_timeout_us);
     v_workflow   text;
 BEGIN
     UPDATE /* TEMPLATE: schema */idempotency_keys AS k
     SET resolved_after = k.recovery_point, resolved_happened = p_happened, resolved_note = p_note,
         resolved_result = NULL, resolved_at = v_now, parked_at = NULL, next_attempt_at = NULL, updated_at = v_now
     WHERE k.scope = p_scope AND k.idempotency_key = p_key AND k.response_status IS NULL
-      AND /* TEMPLATE: schema */atomicphase_lock_takeable(k.locked_at, stale_before)
+      AND coalesce(/* TEMPLATE: schema */atomicphase_held_until(k.locked_at, k.lease_us, k.call_until, p_lock_timeout_us) < v_now, true)
     RETURNING k.workflow INTO v_workflow;
     IF FOUND THEN
         RETURN NEXT v_workflow;

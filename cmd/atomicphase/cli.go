@@ -90,7 +90,7 @@ version needs, and says to run "atomicphase migrate" when it does not.`),
 	f.StringVar(&c.schema, "schema", "",
 		"schema holding the key table, as given to Migrate and Config.Schema (default: the connection's search_path)")
 	f.DurationVar(&c.lockTimeout, "lock-timeout", atomicphase.DefaultLockTimeout,
-		"the services' Config.LockTimeout: a lock older than this counts as stale")
+		"the lease of keys locked by a release older than migration 007, which did not store it (newer keys carry their own)")
 
 	root.AddCommand(c.migrateCmd(), c.keysCmd(), c.inspectCmd(), c.resumeCmd(), c.resolveCmd(),
 		c.unparkCmd(), c.forgetCmd(), c.reapCmd(), c.sweepCmd(), c.uiCmd(), c.lookupCmd())

@@ -34,7 +34,7 @@ status are listed.
 
 A key's status is one of:
   in_progress  an attempt holds its lock
-  stale        its lock is older than --lock-timeout: the holder died or is slow
+  stale        its lease (stored on the key) ended: the holder died or is slow
   abandoned    unfinished and unlocked: the sweep (or a client retry) resumes it
   unknown      a call to a downstream without idempotency keys may or may not
                have taken effect: the sweep (or a retry) reconciles it

@@ -112,3 +112,41 @@ func TestSweepReconcilesAnUnknownPayout(t *testing.T) {
 	require.Equal(t, "true", replay.header.Get("Idempotent-Replayed"))
 	w.requireOnePayout(t, decodeBooked(t, replay))
 }
+
+// TestPayoutSlowerThanTheLockTimeout: the bank takes longer than
+// LOCK_TIMEOUT to pay and answer, and the client retries every half lock
+// timeout meanwhile. The server renews the key's lease during the call:
+// every retry is told 409 until the ride is booked, and the driver is paid
+// once.
+func TestPayoutSlowerThanTheLockTimeout(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	srv := w.start(t, "CALL_GRACE=15s") // the default
+	lock, err := time.ParseDuration(lockTimeout)
+	require.NoError(t, err)
+	w.bank.SlowDown(5 * lock / 2)
+	first := make(chan reply, 1)
+	go func() {
+		r, err := post(srv.url, "user@example.com", "slow", rideBody)
+		if err != nil {
+			r.status = 0
+		}
+		first <- r
+	}()
+	var final reply
+	for range 100 {
+		time.Sleep(lock / 2)
+		r, err := post(srv.url, "user@example.com", "slow", rideBody)
+		require.NoError(t, err)
+		if r.status != http.StatusConflict {
+			final = r
+			break
+		}
+		require.Contains(t, string(r.body), "in-progress", "a retry while the payout is in flight")
+	}
+	first201 := (<-first).status == http.StatusCreated
+	require.Equal(t, 1, w.bank.Calls(), "the payout was sent once")
+	ride := decodeBooked(t, final)
+	w.requireOnePayout(t, ride)
+	require.True(t, first201, "the first request kept its lease through the slow payout")
+}

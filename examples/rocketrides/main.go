@@ -12,7 +12,7 @@
 //
 // Environment: DATABASE_URL (empty: a throwaway PostgreSQL from local
 // server binaries), ADDR (127.0.0.1:8080), STRIPE_API_BASE, BANK_API_BASE
-// and MAILER_API_BASE (empty: in-process fakes), LOCK_TIMEOUT (90s),
+// and MAILER_API_BASE (empty: in-process fakes), LOCK_TIMEOUT (90s), CALL_GRACE (15s),
 // SWEEP_INTERVAL (5s; 0 turns the sweep off), KEY_RETENTION (24h),
 // ATOMICPHASE_FAULTS and ATOMICPHASE_FAULT_HEADER (fault injection, for
 // tests).

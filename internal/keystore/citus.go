@@ -31,9 +31,11 @@ var citusFunctions = []struct {
 	{"atomicphase_record_resolution(text, text, boolean, text, bigint)", false},
 	{"atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer, integer)", false},
 	{"atomicphase_record_verdict(text, text, boolean, text, bigint, jsonb)", false},
+	{"atomicphase_renew(text, text, bigint, bigint, bigint)", false},
 	// Called inside the phase's transaction (phase fusion, the commit):
 	// without force_delegation they would run on the coordinator.
 	{"atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer)", true},
+	{"atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer, bigint)", true},
 	{"atomicphase_checkpoint(text, text, bigint, text, text, bytea, integer, jsonb, bytea)", true},
 }
 

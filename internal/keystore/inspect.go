@@ -51,13 +51,15 @@ const (
 	StatusFinished   = "finished"
 )
 
-// statusSQL computes a key's status in SQL ($3 is the lock timeout in µs).
+// statusSQL computes a key's status in SQL ($3 is the lock timeout in µs,
+// which judges only rows whose lease an older release wrote without its
+// length).
 const statusSQL = `CASE
     WHEN response_status IS NOT NULL THEN 'finished'
     WHEN parked_at IS NOT NULL THEN 'parked'
     WHEN unknown_at IS NOT NULL AND locked_at IS NULL THEN 'unknown'
     WHEN locked_at IS NULL THEN 'abandoned'
-    WHEN /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($3)) THEN 'stale'
+    WHEN /* TEMPLATE: schema */atomicphase_held_until(locked_at, lease_us, call_until, $3) < now() THEN 'stale'
     ELSE 'in_progress' END`
 
 // infoColumns are the columns an Info is scanned from.
@@ -66,7 +68,7 @@ const infoColumns = `scope, idempotency_key AS key, workflow, recovery_point,
        ` + statusSQL + ` AS status,
        locked_at IS NOT NULL AS locked, lock_token, state, attempts, last_error,
        next_attempt_at, parked_at, unknown_at, resolved_happened, resolved_note, resolved_at, resolved_result,
-       extract(epoch FROM locked_at - /* TEMPLATE: schema */atomicphase_stale_before($3))::float8 AS lock_expires_in,
+       extract(epoch FROM /* TEMPLATE: schema */atomicphase_lock_expires(locked_at, lease_us, call_until, $3, now()) - now())::float8 AS lock_expires_in,
        response_status AS status_code, response_header AS header, response_body AS body,
        created_at, updated_at, finished_at`
 

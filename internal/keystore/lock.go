@@ -3,20 +3,20 @@ package keystore
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// The key's lock, as the table keeps it. A key is held while its locked_at
-// is set and younger than the lock timeout; an unfinished key that is
-// unlocked, or whose lock is older (stale), may be taken by the next
-// attempt. Every acquisition stores a lock token of its own, drawn by the
-// caller before it asks, and every checkpoint and release checks it
-// (fencing). The stale-lock rule itself is written once, in SQL:
-// atomicphase_stale_before turns the lock timeout into a cut-off and
-// atomicphase_lock_takeable applies it (migration 002).
+// The key's lock, as the table keeps it: a lease. A key is held until
+// locked_at + lease_us (the lease, which its holder renews), or until
+// call_until when that is later (a foreign call may be in flight); an
+// unfinished key past both may be taken by the next attempt. Every
+// acquisition stores a lock token of its own, drawn by the caller before it
+// asks, and every checkpoint, renewal and release checks it (fencing). The
+// rule is written once, in SQL: atomicphase_held_until (migration 007).
 
 // Row is what an acquisition reads back about a key.
 type Row struct {
@@ -91,8 +91,8 @@ func (s *Store) Acquire(ctx context.Context, db DB, req *Request) (*Row, error) 
 // it. It is the whole of a replay: one primary-key read, written to nothing.
 const peekSQL = `
 SELECT workflow = $4::text AND fingerprint = $5::bytea, response_status, response_header::text, response_body,
-       /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($3)),
-       extract(epoch FROM locked_at - /* TEMPLATE: schema */atomicphase_stale_before($3))::float8
+       coalesce(/* TEMPLATE: schema */atomicphase_held_until(locked_at, lease_us, call_until, $3) < now(), true),
+       extract(epoch FROM /* TEMPLATE: schema */atomicphase_lock_expires(locked_at, lease_us, call_until, $3, now()) - now())::float8
 FROM /* TEMPLATE: schema */idempotency_keys
 WHERE scope = $1 AND idempotency_key = $2`
 
@@ -139,8 +139,13 @@ func (s *Store) Peek(ctx context.Context, db DB, scope, key, workflow string, fi
 // commit or roll back; the caller then acquires the key on its own
 // (acquireSQL). See atomicphase_record in schema.sql: the function takes the
 // lock time on the node that holds the row.
+//
+// It never waits for another transaction recording the same key (a
+// duplicate of a new key, sent while the first request's transaction runs):
+// it raises RecordingInFlightCode at once, and the rest of the batch is
+// skipped.
 const recordSQL = `SELECT downstream_salt::text FROM /* TEMPLATE: schema */atomicphase_record(
-	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, NULL::integer)`
+	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, NULL::integer, $9::bigint)`
 
 // Recording is a new key's recording, sent at the head of the first unit's
 // transaction (Queue) and read back from its batch (Read), or sent again on
@@ -166,7 +171,7 @@ var ErrNotRecorded = errors.New("atomicphase: the key was recorded meanwhile")
 // applied: a recording that rides in a transaction is not counted).
 func (s *Store) NewRecording(req *Request) *Recording {
 	return &Recording{sql: s.sql.record,
-		args: []any{req.Scope, req.Key, req.Workflow, req.Fingerprint, req.Method, req.Path, req.State, req.Token}}
+		args: []any{req.Scope, req.Key, req.Workflow, req.Fingerprint, req.Method, req.Path, req.State, req.Token, s.lockTimeoutArg}}
 }
 
 // Queue adds the recording to b.
@@ -275,6 +280,35 @@ const MaxLastError = 2000
 func (s *Store) Release(ctx context.Context, db DB, rel *Release) (bool, error) {
 	tag, err := db.Exec(ctx, s.sql.release, rel.Scope, rel.Key, rel.Token, rel.Error, rel.RetryInUS, rel.Park, rel.Unknown)
 	return tag.RowsAffected() == 1, err
+}
+
+// renewSQL renews a lease; see atomicphase_renew in schema.sql.
+const renewSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_renew($1::text, $2::text, $3::bigint, $4::bigint, $5::bigint)`
+
+// Renew renews the lease of the key held with token for the Store's lock
+// timeout from now. With callFor set it also marks a foreign call that may
+// be in flight until callFor from now (nil leaves the mark as it is). It
+// reports whether it renewed: false when the token moved on, or the key
+// was released or finished.
+func (s *Store) Renew(ctx context.Context, db DB, scope, key string, token int64, callFor *time.Duration) (bool, error) {
+	var callUS *int64
+	if callFor != nil {
+		us := callFor.Microseconds()
+		callUS = &us
+	}
+	tag, err := db.Exec(ctx, s.sql.renew, scope, key, token, s.lockTimeoutArg, callUS)
+	return tag.RowsAffected() == 1, err
+}
+
+// RecordingInFlightCode is the SQLSTATE atomicphase_record raises when
+// another transaction is recording the same key at this moment.
+const RecordingInFlightCode = "AP002"
+
+// IsRecordingInFlight reports the error a recording raises when another
+// transaction is recording the same key.
+func IsRecordingInFlight(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == RecordingInFlightCode
 }
 
 // LockLostCode is the SQLSTATE atomicphase_checkpoint raises when the lock

@@ -70,7 +70,7 @@ type Store struct {
 
 // statements are the statements rendered once for the Store's schema.
 type statements struct {
-	acquire, peek, record, ownedBy, take, release, checkpoint, clearLastError, takeVerdict,
+	acquire, peek, record, ownedBy, take, renew, release, checkpoint, clearLastError, takeVerdict,
 	inspect, list, unpark, forget, recordResolution,
 	abandoned, unknownWorkflows, reap, reapParked,
 	levels, recentTrouble, page, pageUnfinished, scopeKeys,
@@ -87,6 +87,7 @@ func New(schema string, lockTimeout time.Duration) *Store {
 		record:           r(recordSQL),
 		ownedBy:          r(ownedBySQL),
 		take:             r(takeSQL),
+		renew:            r(renewSQL),
 		release:          r(releaseSQL),
 		checkpoint:       r(checkpointSQL),
 		clearLastError:   r(clearLastErrorSQL),

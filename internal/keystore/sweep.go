@@ -23,7 +23,7 @@ SELECT scope, idempotency_key, workflow FROM (
     FROM /* TEMPLATE: schema */idempotency_keys
     WHERE response_status IS NULL AND parked_at IS NULL
       AND workflow = ANY($1::text[])
-      AND /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($2))
+      AND coalesce(/* TEMPLATE: schema */atomicphase_held_until(locked_at, lease_us, call_until, $2) < now(), true)
       AND (next_attempt_at IS NULL OR next_attempt_at <= now())) AS due
 WHERE nth <= $4::bigint
 ORDER BY nth, next_attempt_at NULLS FIRST
@@ -53,7 +53,7 @@ SELECT workflow, count(*)::int FROM (
     SELECT workflow FROM /* TEMPLATE: schema */idempotency_keys
     WHERE response_status IS NULL AND parked_at IS NULL
       AND workflow <> ALL($1::text[])
-      AND /* TEMPLATE: schema */atomicphase_lock_takeable(locked_at, /* TEMPLATE: schema */atomicphase_stale_before($2))
+      AND coalesce(/* TEMPLATE: schema */atomicphase_held_until(locked_at, lease_us, call_until, $2) < now(), true)
       AND (next_attempt_at IS NULL OR next_attempt_at <= now())
     LIMIT $3) AS unknown
 GROUP BY workflow ORDER BY workflow`
@@ -143,8 +143,9 @@ type Execer interface {
 // one) applied to a column in an UPDATE. On Citus the statement goes to
 // every shard, as it means to.
 const ageLocksSQL = `UPDATE /* TEMPLATE: schema */idempotency_keys
-		SET locked_at = (locked_at AT TIME ZONE 'UTC' - $1::bigint * interval '1 microsecond') AT TIME ZONE 'UTC'
-		WHERE locked_at IS NOT NULL`
+		SET locked_at = (locked_at AT TIME ZONE 'UTC' - $1::bigint * interval '1 microsecond') AT TIME ZONE 'UTC',
+		    call_until = NULL
+		WHERE locked_at IS NOT NULL OR call_until IS NOT NULL`
 
 // ageBackoffsSQL makes every unfinished key due for the sweep now: the
 // backoff a failed attempt set has passed. On Citus the statement goes to
@@ -161,8 +162,10 @@ func AgeBackoffs(ctx context.Context, db Execer, schema string) error {
 	return err
 }
 
-// AgeLocks moves every held lock in schema's key table back by d: the
-// passage of time after a crash, without the wait, for tests
+// AgeLocks moves every held lock in schema's key table back by d, and ends
+// every foreign call's quiet period (call_until): the passage of time after
+// a crash, the lease and the grace after a call included, without the
+// wait, for tests
 // (atomicphasetest.AgeLocks).
 func AgeLocks(ctx context.Context, db Execer, schema string, d time.Duration) error {
 	_, err := db.Exec(ctx, Render(ageLocksSQL, schema), d.Microseconds())

@@ -55,7 +55,7 @@ type bundle struct {
 type setupOpts struct {
 	// stripeBase is the payment API; "" starts a fake.
 	stripeBase string
-	// runner configures the Runner.
+	// runner configures the Runner (Config.CallGrace defaults to 1ms here).
 	runner *atomicphase.Config
 }
 
@@ -90,7 +90,16 @@ func setup(t *testing.T, opts *setupOpts) *bundle {
 		defer cancel()
 		require.NoError(t, b.receipts.Stop(ctx))
 	})
-	b.runner, err = atomicphase.NewRunner(b.db.Pool, opts.runner)
+	cfg := atomicphase.Config{}
+	if opts.runner != nil {
+		cfg = *opts.runner
+	}
+	if cfg.CallGrace == 0 {
+		// The fake bank acts before it answers: once a call returned,
+		// nothing of it is in flight.
+		cfg.CallGrace = time.Millisecond
+	}
+	b.runner, err = atomicphase.NewRunner(b.db.Pool, &cfg)
 	require.NoError(t, err)
 	b.srv = httptest.NewServer(Handler(b.runner, b.db.Pool, NewWorkflow(stripeBase, b.bank.URL, b.receipts), t.Logf))
 	t.Cleanup(b.srv.Close)

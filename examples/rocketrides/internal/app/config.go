@@ -23,8 +23,14 @@ type Config struct {
 	// MailerAPIBase is MAILER_API_BASE, where receipts go; empty starts an
 	// in-process fake.
 	MailerAPIBase string
-	// LockTimeout is LOCK_TIMEOUT. Defaults to 90s.
+	// LockTimeout is LOCK_TIMEOUT, the length of a key's lease (renewed
+	// while a payout call runs, so it need not exceed the payout timeout).
+	// Defaults to 90s.
 	LockTimeout time.Duration
+	// CallGrace is CALL_GRACE: how long after a payout call's lease ended
+	// the bank may still act on it; no retry reconciles before. Defaults to
+	// DefaultCallGrace, above the payout timeout.
+	CallGrace time.Duration
 	// SweepInterval is SWEEP_INTERVAL, the time between two sweeps; 0 runs
 	// no sweep. ConfigFromEnv defaults it to 5s.
 	SweepInterval time.Duration
@@ -42,6 +48,12 @@ type Config struct {
 	FaultHeader bool
 }
 
+// DefaultCallGrace is CALL_GRACE's default: the payout timeout and five
+// seconds more. The bank acts on a payout it received, at the latest, by
+// the time it would have answered it; a client that gave up at the payout
+// timeout leaves it that long, and the margin covers clocks that drift.
+const DefaultCallGrace = payoutTimeout + 5*time.Second
+
 // ConfigFromEnv reads Config from the environment. Every malformed
 // variable is reported, each with what it wants.
 func ConfigFromEnv() (Config, error) {
@@ -52,6 +64,7 @@ func ConfigFromEnv() (Config, error) {
 		MailerAPIBase: strings.TrimRight(os.Getenv("MAILER_API_BASE"), "/"),
 		BankAPIBase:   strings.TrimRight(os.Getenv("BANK_API_BASE"), "/"),
 		LockTimeout:   atomicphase.DefaultLockTimeout,
+		CallGrace:     DefaultCallGrace,
 		SweepInterval: atomicphase.DefaultSweepInterval,
 		KeyRetention:  atomicphase.DefaultKeyRetention,
 		FaultHeader:   os.Getenv("ATOMICPHASE_FAULT_HEADER") == "1",
@@ -68,6 +81,7 @@ func ConfigFromEnv() (Config, error) {
 		want   string
 	}{
 		{"LOCK_TIMEOUT", &cfg.LockTimeout, false, "a positive Go duration such as 90s"},
+		{"CALL_GRACE", &cfg.CallGrace, false, "a positive Go duration such as 15s"},
 		{"SWEEP_INTERVAL", &cfg.SweepInterval, true, "a Go duration of at least 1ms such as 5s, or 0 to turn the sweep off"},
 		{"KEY_RETENTION", &cfg.KeyRetention, false, "a positive Go duration such as 24h"},
 	} {

@@ -11,13 +11,13 @@ import (
 
 func TestConfigFromEnvDefaults(t *testing.T) {
 	for _, v := range []string{"DATABASE_URL", "ADDR", "STRIPE_API_BASE", "MAILER_API_BASE", "BANK_API_BASE",
-		"LOCK_TIMEOUT", "SWEEP_INTERVAL", "KEY_RETENTION", "ATOMICPHASE_FAULT_HEADER"} {
+		"LOCK_TIMEOUT", "CALL_GRACE", "SWEEP_INTERVAL", "KEY_RETENTION", "ATOMICPHASE_FAULT_HEADER"} {
 		t.Setenv(v, "")
 	}
 	cfg, err := ConfigFromEnv()
 	require.NoError(t, err)
 	require.Equal(t, Config{
-		Addr: "127.0.0.1:8080", LockTimeout: 90 * time.Second, SweepInterval: 5 * time.Second, KeyRetention: 24 * time.Hour,
+		Addr: "127.0.0.1:8080", LockTimeout: 90 * time.Second, CallGrace: 15 * time.Second, SweepInterval: 5 * time.Second, KeyRetention: 24 * time.Hour,
 	}, cfg)
 }
 

@@ -126,6 +126,7 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 	}
 	runner, err := atomicphase.NewRunner(pool, &atomicphase.Config{
 		LockTimeout:   cfg.LockTimeout,
+		CallGrace:     cfg.CallGrace,
 		FaultInjector: &faultinject.ContextInjector{Base: faults},
 		Logger:        logger,
 		Observer:      sweepLog(logf),

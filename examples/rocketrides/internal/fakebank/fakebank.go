@@ -69,6 +69,7 @@ type Server struct {
 	payouts    []Payout
 	fail       []Failure
 	lookupDown int
+	slow       time.Duration
 	calls      int
 	lookups    int
 	onNew      func(Payout)
@@ -116,6 +117,16 @@ func (s *Server) FailNext(failures ...Failure) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.fail = append(s.fail, failures...)
+}
+
+// SlowDown makes every later payout call take d: the payout is made, and
+// answered, d after the call arrived, whether or not the caller still
+// waits (a caller giving up does not stop it). Until then a lookup does not
+// see it.
+func (s *Server) SlowDown(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.slow = d
 }
 
 // LookupDownFor makes the next n lookups answer 503.
@@ -167,6 +178,7 @@ type payoutRequest struct {
 func (s *Server) pay(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.calls++
+	slow := s.slow
 	var mode Failure
 	if len(s.fail) > 0 {
 		mode, s.fail = s.fail[0], s.fail[1:]
@@ -199,6 +211,13 @@ func (s *Server) pay(w http.ResponseWriter, r *http.Request) {
 		case <-s.closing:
 		}
 		return
+	}
+	if slow > 0 {
+		select {
+		case <-time.After(slow):
+		case <-s.closing:
+			return
+		}
 	}
 	p := s.makePayout(in)
 	switch mode {
