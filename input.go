@@ -24,15 +24,18 @@ func decodeInput(params []byte, in any) error {
 		return nil
 	}
 	if err := json.Unmarshal(params, in); err != nil {
-		return err
+		return inputError(err)
 	}
 	var doc any
 	dec := json.NewDecoder(bytes.NewReader(params))
 	dec.UseNumber()
 	if err := dec.Decode(&doc); err != nil {
-		return err
+		return inputError(err)
 	}
-	return checkExactNames(doc, reflect.TypeOf(in).Elem(), "")
+	if err := checkExactNames(doc, reflect.TypeOf(in).Elem(), ""); err != nil {
+		return &InvalidInputError{Reason: err.Error()}
+	}
+	return nil
 }
 
 var (

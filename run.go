@@ -128,7 +128,7 @@ func (r *Runner) fusesRecording(wf AnyWorkflow) bool {
 // request goes in as an existing key's, and acquisition explains the key as
 // it then is.
 func (r *Runner) runNew(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, pc *pgxpool.Conn) (resp *Response, err error) {
-	state, err := initialState(wf, req)
+	state, err := r.initialState(ctx, wf, req)
 	if err != nil {
 		pc.Release()
 		return nil, err
@@ -148,7 +148,7 @@ func (r *Runner) runNew(ctx context.Context, wf AnyWorkflow, req *Request, fp Fi
 // is new, then explains a refusal or runs an attempt from the key's
 // recovery point.
 func (r *Runner) runExisting(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint) (*Response, error) {
-	state, err := initialState(wf, req)
+	state, err := r.initialState(ctx, wf, req)
 	if err != nil {
 		return nil, err
 	}
@@ -181,16 +181,6 @@ func (r *Runner) runExisting(ctx context.Context, wf AnyWorkflow, req *Request, 
 func (r *Runner) keyRequest(wf AnyWorkflow, req *Request, fp Fingerprint, state []byte, token int64) *keystore.Request {
 	return &keystore.Request{Scope: req.Scope, Key: req.Key, Workflow: wf.Name(), Fingerprint: fp[:],
 		Method: req.Method, Path: req.Path, State: state, Token: token}
-}
-
-// initialState builds a request's initial state: ErrInvalidRequest when
-// the input does not decode or the start function refuses it.
-func initialState(wf AnyWorkflow, req *Request) ([]byte, error) {
-	state, err := wf.initialState(req)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
-	}
-	return state, nil
 }
 
 // maxUnfinished is keystore.Request.MaxUnfinished: nil for no limit.

@@ -167,7 +167,7 @@ func run(ctx context.Context) error {
 func newOrderWorkflow(paymentsURL string) *atomicphase.Workflow[order] {
 	start := func(in orderInput, _ *atomicphase.Request) (order, error) {
 		if in.Item == "" || in.Amount <= 0 {
-			return order{}, errors.New("an order needs an item and a positive amount")
+			return order{}, atomicphase.Invalid("an order needs an item and a positive amount")
 		}
 		return order{Item: in.Item, Amount: in.Amount}, nil
 	}

@@ -76,10 +76,10 @@ func startRide(in RideInput, req *atomicphase.Request) (Ride, error) {
 		{"target_lat", 90, in.TargetLat, &r.TargetLat}, {"target_lon", 180, in.TargetLon, &r.TargetLon},
 	} {
 		if f.src == nil {
-			return Ride{}, fmt.Errorf("%s is required, as a number", f.name)
+			return Ride{}, atomicphase.Invalid("%s is required, as a number", f.name)
 		}
 		if *f.src < -f.limit || *f.src > f.limit {
-			return Ride{}, fmt.Errorf("%s must be within [-%g, %g]", f.name, f.limit, f.limit)
+			return Ride{}, atomicphase.Invalid("%s must be within [-%g, %g]", f.name, f.limit, f.limit)
 		}
 		*f.dst = *f.src
 	}

@@ -1,0 +1,102 @@
+package atomicphase
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// What a client hears when a request's input does not decode, or the
+// workflow's start function refuses it. Only the library's own words, and
+// the words of an InvalidInputError the workflow chose to send, reach the
+// client: an error's text may name Go types, a database user or an
+// address. Anything else a start function returns is a generic refusal,
+// its cause in the log; a failure a retry may get past (a connection lost,
+// a timeout) is retryable.
+
+// InvalidInputError is the error a start function returns to refuse a
+// request with a reason its client may read (Invalid makes one). Run
+// answers it with ErrInvalidRequest (422 over HTTP) and the reason.
+type InvalidInputError struct {
+	// Reason says what is wrong with the request, for its client.
+	Reason string
+}
+
+func (e *InvalidInputError) Error() string { return e.Reason }
+
+// Invalid returns an *InvalidInputError whose reason is the formatted
+// message: what a start function returns to tell the client why its
+// request is refused ("amount must be positive").
+func Invalid(format string, args ...any) error {
+	return &InvalidInputError{Reason: fmt.Sprintf(format, args...)}
+}
+
+// refusedStart is a start function's refusal whose text is not the
+// client's to read: its Error is generic, its cause is Unwrap's.
+type refusedStart struct{ cause error }
+
+func (e *refusedStart) Error() string {
+	return ErrInvalidRequest.Error() + ": the workflow refused the request"
+}
+func (e *refusedStart) Unwrap() []error { return []error{ErrInvalidRequest, e.cause} }
+
+// initialState builds a request's initial state (the input decoded, the
+// start function run), and turns a failure into Run's answer: the client's
+// mistake (ErrInvalidRequest, with a reason in the library's words or the
+// workflow's InvalidInputError), a failure a retry may get past
+// (retryable), or a generic refusal whose cause is logged.
+func (r *Runner) initialState(ctx context.Context, wf AnyWorkflow, req *Request) ([]byte, error) {
+	state, err := wf.initialState(req)
+	if err == nil {
+		return state, nil
+	}
+	var invalid *InvalidInputError
+	switch {
+	case errors.As(err, &invalid):
+		return nil, fmt.Errorf("%w: %s", ErrInvalidRequest, invalid.Reason)
+	case startTransient(err):
+		r.logKey(ctx, slog.LevelWarn, "atomicphase: the workflow's start function failed; the request may be retried", wf.Name(), req.Scope, req.Key, "error", err)
+		return nil, fmt.Errorf("atomicphase: the workflow's start function failed, and a retry may succeed: %w", err)
+	}
+	r.logKey(ctx, slog.LevelInfo, "atomicphase: the workflow's start function refused the request", wf.Name(), req.Scope, req.Key, "error", err)
+	return nil, &refusedStart{cause: err}
+}
+
+// startTransient reports a start function's failure that a retry may get
+// past: a context that ended, a connection lost or refused, a timeout, or a
+// database error on the transient allow-list (classify.go).
+func startTransient(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		_, ok := transientCode(pgErr.Code)
+		return ok || connectionLost(pgErr)
+	}
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connectErr) || errors.As(err, &netErr)
+}
+
+// inputError rewords a failure to decode a request's body into the
+// workflow's input type in the library's words: encoding/json's name Go
+// types.
+func inputError(err error) error {
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(err, &typeErr) && typeErr.Field != "":
+		return Invalid("member %q is a JSON %s, which the request does not take there", typeErr.Field, typeErr.Value)
+	case errors.As(err, &typeErr):
+		return Invalid("the body is a JSON %s; the request takes another kind of value", typeErr.Value)
+	case errors.As(err, &syntaxErr):
+		return Invalid("the body is not valid JSON (at byte %d)", syntaxErr.Offset)
+	}
+	return Invalid("the body does not decode into the request's input")
+}
