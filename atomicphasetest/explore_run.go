@@ -217,6 +217,12 @@ func (e *explorer) runTrial(plan [][]Fault) (Row, *atomicphase.Response) {
 					e.t.Fatal(err)
 				}
 			}
+			if errors.Is(err, atomicphase.ErrInProgress) {
+				// A client waits before it retries (Retry-After): a crashed
+				// attempt's transaction, which holds the key's recording,
+				// ends only when its server notices the closed connection.
+				time.Sleep(time.Duration(attempt) * 20 * time.Millisecond)
+			}
 		}
 	}
 	sw.set(nil, nil)
