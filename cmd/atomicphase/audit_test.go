@@ -18,7 +18,7 @@ func TestCLIActionsAreAudited(t *testing.T) {
 	require.Equal(t, 0, res.code, res.stderr)
 	// A verdict is for a key waiting on a call of unknown outcome.
 	b.exec(t, `UPDATE idempotency_keys SET unknown_at = now() WHERE idempotency_key = 'parked-1'`)
-	res = as("ben", "resolve", "bob", "parked-1", "--happened", "--result", `"po_7"`, "--note", "bank portal")
+	res = as("ben", "resolve", "bob", "parked-1", "--happened", "--result", `"po_7"`, "--note", "bank portal", "--yes")
 	require.Equal(t, 0, res.code, res.stderr)
 	res = b.run(t, "forget", "alice", "finished-1", "--yes")
 	require.Equal(t, 0, res.code, res.stderr)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -103,6 +104,17 @@ func (c *cli) checkGlobalFlags() error {
 	}
 	if c.databaseURL == "" {
 		c.databaseURL = c.getenv("DATABASE_URL")
+	}
+	if c.databaseURL == "" {
+		if file := c.getenv("DATABASE_URL_FILE"); file != "" {
+			// A file keeps the password out of the environment and argv,
+			// where other users of the machine may read it.
+			b, err := os.ReadFile(file)
+			if err != nil {
+				return usageErrorf("DATABASE_URL_FILE: %v", err)
+			}
+			c.databaseURL = strings.TrimSpace(string(b))
+		}
 	}
 	return nil
 }

@@ -21,8 +21,9 @@ const connectTimeout = 10 * time.Second
 // closes the pool.
 func (c *cli) withPool(ctx context.Context, fn func(*pgxpool.Pool) error) error {
 	if c.databaseURL == "" {
-		return errors.New("no database given: set DATABASE_URL or pass --database-url, " +
-			"as in --database-url postgres://user:password@localhost:5432/dbname")
+		return errors.New("no database given: set DATABASE_URL (export DATABASE_URL=postgres://user@localhost:5432/dbname), " +
+			"or name a file holding it in DATABASE_URL_FILE; keep the password out of the command line, " +
+			"where other users see it: in PGPASSWORD, ~/.pgpass or that file")
 	}
 	cfg, err := connstr.Parse(c.databaseURL)
 	if err != nil {

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -15,7 +17,7 @@ func TestDatabaseURL(t *testing.T) {
 		t.Parallel()
 		res := runCLI(t, nil, "", "keys")
 		require.Equal(t, exitFailure, res.code)
-		require.Contains(t, res.stderr, "no database given: set DATABASE_URL or pass --database-url")
+		require.Contains(t, res.stderr, "no database given: set DATABASE_URL")
 		require.Empty(t, res.stdout)
 	})
 
@@ -23,6 +25,18 @@ func TestDatabaseURL(t *testing.T) {
 		t.Parallel()
 		b := setupEmpty(t, nil)
 		res := runCLI(t, map[string]string{"DATABASE_URL": b.db.URL}, "", "keys")
+		require.Equal(t, 0, res.code, res.stderr)
+		require.Equal(t, "no keys match\n", res.stdout)
+	})
+
+	// The URL can come from a file, so the password is in neither argv
+	// nor the environment.
+	t.Run("FromFile", func(t *testing.T) {
+		t.Parallel()
+		b := setupEmpty(t, nil)
+		file := filepath.Join(t.TempDir(), "database-url")
+		require.NoError(t, os.WriteFile(file, []byte(b.db.URL+"\n"), 0o600))
+		res := runCLI(t, map[string]string{"DATABASE_URL_FILE": file}, "", "keys")
 		require.Equal(t, 0, res.code, res.stderr)
 		require.Equal(t, "no keys match\n", res.stdout)
 	})

@@ -233,5 +233,5 @@ func TestBinary(t *testing.T) {
 	out, err = cmd.CombinedOutput()
 	require.ErrorAs(t, err, &exitErr)
 	require.Equal(t, exitFailure, exitErr.ExitCode())
-	require.Contains(t, string(out), "set DATABASE_URL or pass --database-url")
+	require.Contains(t, string(out), "no database given: set DATABASE_URL")
 }

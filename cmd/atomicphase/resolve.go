@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,7 +13,7 @@ import (
 )
 
 func (c *cli) resolveCmd() *cobra.Command {
-	var happened, notHappened bool
+	var happened, notHappened, yes bool
 	var note, result string
 	cmd := &cobra.Command{
 		Use:   "resolve SCOPE KEY (--happened [--result JSON] | --not-happened) --note TEXT",
@@ -55,6 +56,30 @@ phases need stays empty).`),
 			}
 			scope, key := args[0], args[1]
 			return c.withRunner(cmd.Context(), func(r *atomicphase.Runner) error {
+				if !yes {
+					// Refusals first: no question for a key that cannot take
+					// a verdict.
+					info, err := r.Inspect(cmd.Context(), scope, key)
+					switch {
+					case errors.Is(err, atomicphase.ErrKeyNotFound):
+						return keyNotFound(scope, key)
+					case err != nil:
+						return err
+					case info.Response != nil:
+						return fmt.Errorf("key %q in scope %q is finished: there is nothing left to resolve", key, scope)
+					case info.UnknownAt == nil:
+						return noUnknownOutcome(scope, key)
+					}
+					verdict := "did not take effect: the call will be made"
+					if happened {
+						verdict = "took effect: it will not be made again"
+					}
+					fmt.Fprintf(c.stderr, "Record that the call key %q in scope %q waits on %s? [y/N] ", key, scope, verdict)
+					answer, _ := bufio.NewReader(c.stdin).ReadString('\n')
+					if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
+						return errors.New("not confirmed: nothing recorded (answer y, or pass --yes)")
+					}
+				}
 				var err error
 				if cmd.Flags().Changed("result") {
 					err = r.RecordResolutionWithResult(cmd.Context(), scope, key, note, []byte(result))
@@ -67,7 +92,7 @@ phases need stays empty).`),
 				case errors.Is(err, atomicphase.ErrKeyFinished):
 					return fmt.Errorf("key %q in scope %q is finished: there is nothing left to resolve", key, scope)
 				case errors.Is(err, atomicphase.ErrNoUnknownOutcome):
-					return fmt.Errorf("key %q in scope %q waits on no call of unknown outcome (its phase has no reconcile function, or the call is known not to have been made), so there is no verdict to record: run \"atomicphase unpark %s %s\" to retry it, or \"atomicphase forget\" to drop it", key, scope, scope, key)
+					return noUnknownOutcome(scope, key)
 				case errors.Is(err, atomicphase.ErrInProgress):
 					return fmt.Errorf("key %q in scope %q is held by an attempt right now; try again once it ends", key, scope)
 				case err != nil:
@@ -92,6 +117,13 @@ phases need stays empty).`),
 	cmd.Flags().BoolVar(&happened, "happened", false, "the call took effect")
 	cmd.Flags().BoolVar(&notHappened, "not-happened", false, "the call did not take effect")
 	cmd.Flags().StringVar(&note, "note", "", "who checked, and how (kept in the key's row)")
+	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation")
 	cmd.Flags().StringVar(&result, "result", "", "with --happened: the call's result as JSON, for the phase's reconcile function (ForeignCall.OperatorResult)")
 	return cmd
+}
+
+// noUnknownOutcome is resolve's refusal of a key that waits on no call of
+// unknown outcome.
+func noUnknownOutcome(scope, key string) error {
+	return fmt.Errorf("key %q in scope %q waits on no call of unknown outcome (its phase has no reconcile function, or the call is known not to have been made), so there is no verdict to record: run \"atomicphase unpark %s %s\" to retry it, or \"atomicphase forget\" to drop it", key, scope, scope, key)
 }

@@ -12,7 +12,7 @@ func TestResolve(t *testing.T) {
 	// As if their calls' outcomes were unknown (the fixture's phases have
 	// no reconcile function, for which resolve is refused).
 	b.exec(t, `UPDATE idempotency_keys SET unknown_at = now() WHERE idempotency_key IN ('abandoned-1', 'parked-1')`)
-	res := b.run(t, "resolve", "bob", "abandoned-1", "--not-happened", "--note", "no such transfer at the bank (ops: ana)")
+	res := b.run(t, "resolve", "bob", "abandoned-1", "--not-happened", "--note", "no such transfer at the bank (ops: ana)", "--yes")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Contains(t, res.stdout, "verdict recorded (did not happen: the call will be made)")
 	k := b.inspect(t, "bob", "abandoned-1")
@@ -27,13 +27,13 @@ func TestResolve(t *testing.T) {
 	require.Contains(t, res.stdout, "did not happen at")
 	require.Contains(t, res.stdout, "no such transfer at the bank (ops: ana)")
 
-	res = b.run(t, "resolve", "bob", "parked-1", "--happened", "--note", "seen in the portal")
+	res = b.run(t, "resolve", "bob", "parked-1", "--happened", "--note", "seen in the portal", "--yes")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Contains(t, res.stdout, "happened: the request goes on")
 	require.Nil(t, b.inspect(t, "bob", "parked-1").ParkedAt, "a parked key is made due")
 	require.Nil(t, b.inspect(t, "bob", "parked-1").ResolvedResult)
 
-	res = b.run(t, "resolve", "bob", "parked-1", "--happened", "--result", `{"label_id":"lbl_9x2"}`, "--note", "carrier portal")
+	res = b.run(t, "resolve", "bob", "parked-1", "--happened", "--result", `{"label_id":"lbl_9x2"}`, "--note", "carrier portal", "--yes")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.JSONEq(t, `{"label_id":"lbl_9x2"}`, string(b.inspect(t, "bob", "parked-1").ResolvedResult))
 }
@@ -66,4 +66,20 @@ func TestResolveRefusals(t *testing.T) {
 	require.Nil(t, b.inspect(t, "bob", "abandoned-1").ResolvedHappened, "nothing recorded")
 	require.Nil(t, b.inspect(t, "bob", "parked-1").ResolvedHappened, "nothing recorded")
 	require.NotNil(t, b.inspect(t, "bob", "parked-1").ParkedAt, "left parked")
+}
+
+// resolve asks before it records a verdict, as forget does: a verdict of
+// happened means a call is never made again, not happened that it is made.
+func TestResolveAsksFirst(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.exec(t, `UPDATE idempotency_keys SET unknown_at = now() WHERE idempotency_key = 'abandoned-1'`)
+	res := b.runInput(t, "n\n", "resolve", "bob", "abandoned-1", "--happened", "--note", "portal")
+	require.Equal(t, exitFailure, res.code)
+	require.Contains(t, res.stderr, "it will not be made again? [y/N]")
+	require.Contains(t, res.stderr, "not confirmed: nothing recorded")
+	require.Nil(t, b.inspect(t, "bob", "abandoned-1").ResolvedHappened, "nothing recorded")
+	res = b.runInput(t, "y\n", "resolve", "bob", "abandoned-1", "--happened", "--note", "portal")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.NotNil(t, b.inspect(t, "bob", "abandoned-1").ResolvedHappened)
 }
