@@ -391,3 +391,26 @@ func TestNoDatabaseErrorSaysWhatToDo(t *testing.T) {
 		require.ErrorContains(t, err, want)
 	}
 }
+
+// A ride's id tells a rider nothing about other riders' rides: ids are
+// drawn at random, not taken from a sequence all riders share.
+func TestRideIDsCannotBeCounted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var ids []int64
+	for _, key := range []string{"ride-a", "ride-b", "ride-c"} {
+		r := b.post(t, "user@example.com", key, rideBody)
+		require.Equal(t, 201, r.status, string(r.body))
+		var body struct {
+			RideID int64 `json:"ride_id"`
+		}
+		require.NoError(t, json.Unmarshal(r.body, &body))
+		require.Positive(t, body.RideID)
+		require.Less(t, body.RideID, int64(1)<<53, "a JSON number holds it exactly")
+		ids = append(ids, body.RideID)
+	}
+	for i := 1; i < len(ids); i++ {
+		diff := ids[i] - ids[i-1]
+		require.False(t, diff > -1000 && diff < 1000, "ride ids %v follow each other: they count the rides", ids)
+	}
+}

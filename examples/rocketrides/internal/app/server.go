@@ -8,6 +8,8 @@ package app
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -130,6 +132,7 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 		FaultInjector: &faultinject.ContextInjector{Base: faults},
 		Logger:        logger,
 		Observer:      sweepLog(logf),
+		RedactKey:     RedactKey,
 	})
 	if err != nil {
 		return err
@@ -253,7 +256,8 @@ func Handler(runner *atomicphase.Runner, pool *pgxpool.Pool, wf *atomicphase.Wor
 	idempotent := aphttp.Middleware(runner, wf, &aphttp.Options{
 		Scope: func(r *http.Request) (string, error) { return authenticate(r, pool) },
 		OnError: func(r *http.Request, err error) {
-			logf("%s %s key %q: %v", r.Method, r.URL.Path, r.Header.Get(aphttp.HeaderName), err)
+			_, key := RedactKey("", r.Header.Get(aphttp.HeaderName))
+			logf("%s %s key %q: %v", r.Method, r.URL.Path, key, err)
 		},
 	})
 	mux := http.NewServeMux()
@@ -292,4 +296,19 @@ func authenticate(r *http.Request, pool *pgxpool.Pool) (string, error) {
 		return "", errUnauthorized
 	}
 	return email, nil
+}
+
+// RedactKey is the Runner's Config.RedactKey: a rider's e-mail (the scope)
+// and a client's idempotency key are the users' data, so the log and the
+// metrics name them by a short hash, the same for every line about them.
+func RedactKey(scope, key string) (string, string) {
+	return redacted("rider", scope), redacted("key", key)
+}
+
+func redacted(kind, s string) string {
+	if s == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte("rocketrides-log\x00" + kind + "\x00" + s))
+	return kind + "-" + hex.EncodeToString(sum[:6])
 }

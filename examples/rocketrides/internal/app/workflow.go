@@ -2,6 +2,8 @@ package app
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -91,10 +93,18 @@ func createRide(ctx context.Context, tx atomicphase.Tx, r *Ride) (atomicphase.Ou
 		Scan(&r.UserID, &r.CustomerID); err != nil {
 		return atomicphase.Outcome{}, fmt.Errorf("look up user: %w", err)
 	}
-	if err := tx.QueryRow(ctx, `
-		INSERT INTO rides (rider, idempotency_key, user_id, origin_lat, origin_lon, target_lat, target_lon)
-		VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id`,
-		r.Email, r.Key, r.UserID, r.OriginLat, r.OriginLon, r.TargetLat, r.TargetLon).Scan(&r.RideID); err != nil {
+	// A ride's id is drawn at random, not from a sequence shared by all
+	// riders: a rider could count the platform's rides from the ids of
+	// their own. It fits a JSON number exactly (below 2^53).
+	var rnd [8]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return atomicphase.Outcome{}, err
+	}
+	r.RideID = int64(binary.BigEndian.Uint64(rnd[:])>>11) + 1
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO rides (id, rider, idempotency_key, user_id, origin_lat, origin_lon, target_lat, target_lon)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
+		r.RideID, r.Email, r.Key, r.UserID, r.OriginLat, r.OriginLon, r.TargetLat, r.TargetLon); err != nil {
 		return atomicphase.Outcome{}, err
 	}
 	// The audit record's jsonb travels as JSON text, which a jsonb
