@@ -1,9 +1,11 @@
 package atomicphase_test
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -42,4 +44,29 @@ func TestMetricsTablesFollowTheCode(t *testing.T) {
 		}
 	}
 	require.ElementsMatch(t, kinds, listed, "apotel's package doc lists every event kind")
+}
+
+// Every test the threat model in docs/security-and-limits.md names exists:
+// the table cannot go on citing a test that was renamed or removed.
+func TestThreatModelNamesRealTests(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile(filepath.Join("docs", "security-and-limits.md"))
+	require.NoError(t, err)
+	section := regexp.MustCompile(`(?s)## Threat model\n(.*?)\n## `).FindSubmatch(doc)
+	require.NotNil(t, section, "docs/security-and-limits.md has a threat model")
+	var sources strings.Builder
+	err = filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		sources.Write(b)
+		return err
+	})
+	require.NoError(t, err)
+	names := regexp.MustCompile("`(?:[a-z]+\\.)?(Test\\w+)`").FindAllSubmatch(section[1], -1)
+	require.Greater(t, len(names), 15)
+	for _, n := range names {
+		require.Contains(t, sources.String(), "func "+string(n[1])+"(", "the threat model names %s", n[1])
+	}
 }
