@@ -6,34 +6,12 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/atomicphase/atomicphase/internal/safetext"
 )
 
-// escapeControl makes client-supplied text safe to show: every control
-// character but newline and tab (ESC and the rest of C0, DEL, C1) and
-// every invalid byte is written as a Go escape, so an ESC or OSC sequence
-// stored in an error or a body is shown, never obeyed by a terminal nor
-// hidden by a browser. A carriage return is escaped too: it would let text
-// overwrite the line before it.
-func escapeControl(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case r == '\n' || r == '\t':
-			b.WriteRune(r)
-		case r < 0x20 || r == 0x7f:
-			fmt.Fprintf(&b, `\x%02x`, r)
-		case (r >= 0x80 && r < 0xa0) || r == 0x2028 || r == 0x2029:
-			fmt.Fprintf(&b, `\u%04x`, r)
-		default:
-			b.WriteString(s[i : i+size])
-		}
-		i += size
-	}
-	return b.String()
-}
+// escapeControl escapes what a terminal or a page would obey (safetext.Escape).
+func escapeControl(s string) string { return safetext.Escape(s) }
 
 // errorLines formats a stored error for reading: an error that carries a
 // panic's stack with its newlines escaped (as text that went through a

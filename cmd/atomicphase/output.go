@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -11,6 +10,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/atomicphase/atomicphase/internal/safetext"
 
 	"github.com/atomicphase/atomicphase"
 )
@@ -123,31 +124,8 @@ func cell(s string) string {
 	return s
 }
 
-// terminalSafe escapes what a terminal would obey in text a client or a
-// downstream supplied: every control character but newline and tab (ESC,
-// BEL, a carriage return that would overwrite the line, DEL, the C1 codes),
-// and every byte that is not UTF-8, written as \xNN or \uNNNN. An OSC or
-// CSI sequence in a stored error is then shown, never run.
-func terminalSafe(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case r == '\n' || r == '\t':
-			b.WriteRune(r)
-		case r < 0x20 || r == 0x7f:
-			fmt.Fprintf(&b, `\x%02x`, r)
-		case (r >= 0x80 && r < 0xa0) || r == 0x2028 || r == 0x2029:
-			fmt.Fprintf(&b, `\u%04x`, r)
-		default:
-			b.WriteString(s[i : i+size])
-		}
-		i += size
-	}
-	return b.String()
-}
+// terminalSafe escapes what a terminal or a page would obey (safetext.Escape).
+func terminalSafe(s string) string { return safetext.Escape(s) }
 
 // oneLine folds a message onto one line, for a table cell.
 func oneLine(s string) string {
