@@ -110,7 +110,7 @@ func (a *attempt) parkOnPanic(ctx context.Context) {
 	if ours, _ := a.recordAlone(ctx); !ours {
 		panic(p)
 	}
-	if released, perr := a.r.release(ctx, a.scope, a.key, a.token, why, 0, true, false); perr != nil {
+	if released, perr := a.r.release(ctx, a.scope, a.key, a.token, why, 0, parkFinal, false); perr != nil {
 		a.log(ctx, slog.LevelError, "atomicphase: parking after a panic failed", "error", perr)
 	} else if released {
 		a.r.observe(ctx, Event{Kind: EventParked, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Err: why})
@@ -147,12 +147,17 @@ func (a *attempt) fail(ctx context.Context, phase string, err error) error {
 		if phase == "" {
 			why = err
 		}
-		park := errors.Is(err, ErrPermanent) || a.attempts >= a.r.cfg.MaxAttempts
-		if park && !errors.Is(err, ErrPermanent) {
+		how := parkNot
+		switch {
+		case errors.Is(err, ErrPermanent):
+			how = parkFinal
+		case a.attempts >= a.r.cfg.MaxAttempts:
+			how = parkExhausted
 			why = fmt.Errorf("attempt %d of %d failed: %w", a.attempts, a.r.cfg.MaxAttempts, why)
 		}
+		park := how != parkNot
 		unknown := errors.Is(err, ErrOutcomeUnknown)
-		released, rerr := a.r.release(ctx, a.scope, a.key, a.token, why, a.r.cfg.attemptBackoff(a.attempts), park, unknown)
+		released, rerr := a.r.release(ctx, a.scope, a.key, a.token, why, a.r.cfg.attemptBackoff(a.attempts), how, unknown)
 		switch {
 		case rerr != nil:
 			err = errors.Join(err, fmt.Errorf("unlock: %w", rerr))

@@ -321,7 +321,7 @@ func TestReviewConcurrentDuplicatesUnderFailures(t *testing.T) {
 	opts.PoolConfig = func(cfg *pgxpool.Config) { cfg.MaxConns = 24 }
 	// The stress bank acts before it answers: once a call returned, nothing
 	// of it is in flight, and the grace can be short.
-	b := setupDB(t, &opts, &atomicphase.Config{MaxAttempts: 1000, CallGrace: time.Millisecond})
+	b := setupDB(t, &opts, &atomicphase.Config{MaxAttempts: 1000, CallGrace: time.Nanosecond})
 	sb := &stressBank{payouts: map[string]int{}}
 	wf := stressWorkflow(sb, 25)
 	const keys, clients = 6, 8

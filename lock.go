@@ -88,26 +88,39 @@ func (r *Runner) take(ctx context.Context, scope, key string, token int64, sweep
 // must not leave its key locked for the lock timeout), bounded by
 // cleanupTimeout. An unlock with a token that moved on changes nothing.
 func (r *Runner) unlock(ctx context.Context, scope, key string, token int64) error {
-	_, err := r.release(ctx, scope, key, token, nil, 0, false, false)
+	_, err := r.release(ctx, scope, key, token, nil, 0, parkNot, false)
 	return err
 }
 
+// parkHow says whether, and how, a release parks its key.
+type parkHow int
+
+const (
+	parkNot parkHow = iota
+	// parkExhausted: its attempts ran out; the sweep stops, a client's
+	// retry still resumes it.
+	parkExhausted
+	// parkFinal: a permanent failure; a client's retry is answered with
+	// ErrParked until an operator acts.
+	parkFinal
+)
+
 // release unlocks the key an attempt holds with token. When why is set it
-// records the error and, unless park, when the sweep may try the key again
-// (retryIn from now); park marks the key parked for an operator; unknown
-// marks the outcome of its foreign call unknown. Like unlock it runs even
-// when ctx has ended.
+// records the error and, unless it parks, when the sweep may try the key
+// again (retryIn from now); park says whether it parks the key for an
+// operator, and how; unknown marks the outcome of its foreign call
+// unknown. Like unlock it runs even when ctx has ended.
 //
 // It reports whether it released anything: false when the token had moved
 // on (another attempt took the key) or the key finished meanwhile.
-func (r *Runner) release(ctx context.Context, scope, key string, token int64, why error, retryIn time.Duration, park, unknown bool) (bool, error) {
+func (r *Runner) release(ctx context.Context, scope, key string, token int64, why error, retryIn time.Duration, park parkHow, unknown bool) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	rel := keystore.Release{Scope: scope, Key: key, Token: token, Park: park, Unknown: unknown}
+	rel := keystore.Release{Scope: scope, Key: key, Token: token, Park: park != parkNot, Final: park == parkFinal, Unknown: unknown}
 	if why != nil {
 		m := boundedError(r.redactError(why))
 		rel.Error = &m
-		if !park {
+		if park == parkNot {
 			us := retryIn.Microseconds()
 			rel.RetryInUS = &us
 		}

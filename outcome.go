@@ -138,6 +138,7 @@ func (c *Config) checkStoredResponse(resp *Response, allowed map[string]bool) er
 	}
 	n := 0
 	for name, values := range resp.Header {
+		n += len(name) // a name stored with no value still takes room
 		for _, v := range values {
 			n += len(name) + len(v)
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -106,4 +108,72 @@ func TestBulkForgetAndUnparkByFilter(t *testing.T) {
 	require.Error(t, err, "only parked keys can be unparked")
 	_, err = b.runner.ForgetKeys(b.ctx, &atomicphase.KeyFilter{Status: atomicphase.KeyAbandoned}, nil)
 	require.Error(t, err, "abandoned keys cannot be forgotten")
+}
+
+// A permanent failure parks a key for good whatever attempt it happens on:
+// one on the key's last allowed attempt is no "ran out of attempts", and
+// the client's retries get ErrParked without running anything.
+func TestPermanentFailureOnTheLastAttemptStaysParked(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &atomicphase.Config{MaxAttempts: 2})
+	var runs atomic.Int32
+	type st struct{}
+	wf := atomicphase.MustWorkflow("last_attempt", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("p", func(context.Context, atomicphase.Tx, *st) (atomicphase.Outcome, error) {
+			if runs.Add(1) == 1 {
+				return atomicphase.Outcome{}, errors.New("dependency down") // transient
+			}
+			return atomicphase.Outcome{}, atomicphase.Permanent(errors.New("account closed"))
+		}),
+	}, nil)
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/p"}
+	for range 2 {
+		_, _ = b.runner.Run(b.ctx, wf, req)
+	}
+	for range 3 {
+		_, err := b.runner.Run(b.ctx, wf, req)
+		require.ErrorIs(t, err, atomicphase.ErrParked)
+	}
+	require.EqualValues(t, 2, runs.Load(), "nothing ran after the permanent failure")
+}
+
+// Concurrent retries of a key whose attempt is failing permanently never
+// run it again: a retry that read the key before the park is refused by
+// the take, which checks the park under the row's lock.
+func TestConcurrentRetriesNeverRerunAPermanentlyParkedKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &atomicphase.Config{MaxUnfinishedPerScope: 100000})
+	type st struct{ Key string }
+	var mu sync.Mutex
+	runs := map[string]int{}
+	start := func(_ struct{}, req *atomicphase.Request) (st, error) { return st{Key: req.Key}, nil }
+	wf := atomicphase.MustWorkflow("park_race", start, []atomicphase.Phase[st]{
+		atomicphase.Local("p", func(_ context.Context, _ atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
+			mu.Lock()
+			runs[s.Key]++
+			mu.Unlock()
+			time.Sleep(2 * time.Millisecond)
+			return atomicphase.Outcome{}, atomicphase.Permanent(errors.New("bad account"))
+		}),
+	}, nil)
+	for i := range 60 {
+		req := atomicphase.Request{Scope: "u", Key: fmt.Sprint("k", i), Method: "POST", Path: "/p"}
+		var wg sync.WaitGroup
+		deadline := time.Now().Add(10 * time.Millisecond)
+		for range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(deadline) {
+					_, _ = b.runner.Run(b.ctx, wf, req)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for key, n := range runs {
+		require.Equal(t, 1, n, "key %s ran %d times; a permanently parked key runs no more", key, n)
+	}
 }

@@ -119,7 +119,7 @@ func payoutWorkflow(bk *bank) *atomicphase.Workflow[payout] {
 // flight, and a retry may reconcile at once (Config.CallGrace is for
 // downstreams that may act after their caller gave up; see lease_test.go).
 func syncBankConfig() *atomicphase.Config {
-	return &atomicphase.Config{CallGrace: time.Millisecond}
+	return &atomicphase.Config{CallGrace: time.Nanosecond}
 }
 
 func payoutRequest(key string) atomicphase.Request {
@@ -223,7 +223,7 @@ func TestReconcileFailingForAWhileSendsNothing(t *testing.T) {
 // the reconcile-after time; a reconcile that keeps failing parks the key.
 func TestSweepReconcilesAndParksWhatItCannotTell(t *testing.T) {
 	t.Parallel()
-	b := setup(t, &atomicphase.Config{AttemptBackoff: time.Millisecond, MaxAttempts: 3, CallGrace: time.Millisecond})
+	b := setup(t, &atomicphase.Config{AttemptBackoff: time.Millisecond, MaxAttempts: 3, CallGrace: time.Nanosecond})
 	bk := newBank()
 	bk.fail = []string{"act-then-5xx", "act-then-5xx"}
 	wf := payoutWorkflow(bk)
@@ -267,7 +267,7 @@ func TestResolveUnknownRacesTheSweep(t *testing.T) {
 	for round := range 5 {
 		t.Run(fmt.Sprint(round), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, &atomicphase.Config{AttemptBackoff: time.Millisecond, CallGrace: time.Millisecond})
+			b := setup(t, &atomicphase.Config{AttemptBackoff: time.Millisecond, CallGrace: time.Nanosecond})
 			bk := newBank()
 			bk.fail = []string{"act-then-lose"}
 			wf := payoutWorkflow(bk)
@@ -378,7 +378,7 @@ func TestRecordResolutionByHand(t *testing.T) {
 // parking the key again at once ("3 attempts never finished").
 func TestRecordResolutionResetsTheAttempts(t *testing.T) {
 	t.Parallel()
-	b := setup(t, &atomicphase.Config{AttemptBackoff: time.Millisecond, MaxAttempts: 3, CallGrace: time.Millisecond})
+	b := setup(t, &atomicphase.Config{AttemptBackoff: time.Millisecond, MaxAttempts: 3, CallGrace: time.Nanosecond})
 	bk := newBank()
 	bk.fail = []string{"act-then-5xx"}
 	wf := payoutWorkflow(bk)

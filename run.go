@@ -154,7 +154,6 @@ func (r *Runner) runExisting(ctx context.Context, wf AnyWorkflow, req *Request, 
 	}
 	kr := r.keyRequest(wf, req, fp, state, newLockToken())
 	kr.MaxUnfinished = r.maxUnfinished()
-	kr.MaxAttempts = int32(min(r.cfg.MaxAttempts, math.MaxInt32))
 	sent := time.Now() // the lease starts no earlier
 	row, err := r.acquire(ctx, kr)
 	if err != nil {

@@ -79,9 +79,13 @@ func startTransient(err error) bool {
 		_, ok := transientCode(pgErr.Code)
 		return ok || connectionLost(pgErr)
 	}
+	// A failure to reach something (a refused or reset connection, a
+	// timeout) may pass; a malformed address (*url.Error wraps it, and
+	// reports itself a net.Error) never will.
 	var connectErr *pgconn.ConnectError
+	var opErr *net.OpError
 	var netErr net.Error
-	return errors.As(err, &connectErr) || errors.As(err, &netErr)
+	return errors.As(err, &connectErr) || errors.As(err, &opErr) || (errors.As(err, &netErr) && netErr.Timeout())
 }
 
 // inputError rewords a failure to decode a request's body into the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -53,6 +54,9 @@ func TestStartErrorsReachTheClientOnlyInTheirOwnWords(t *testing.T) {
 	err = run("k4", `{"amount": 1}`)
 	require.True(t, atomicphase.Retryable(err), "a transient failure in the start function is retryable: %v", err)
 	require.NotErrorIs(t, err, atomicphase.ErrInvalidRequest)
+	startErr = fmt.Errorf("fetch the price list: %w", &url.Error{Op: "Get", URL: "htp://prices", Err: errors.New("unsupported protocol scheme \"htp\"")})
+	err = run("k5", `{"amount": 1}`)
+	require.False(t, atomicphase.Retryable(err), "a malformed address is no transient failure: %v", err)
 	_, ierr := b.runner.Inspect(b.ctx, "s", "k4")
 	require.ErrorIs(t, ierr, atomicphase.ErrKeyNotFound, "nothing is stored")
 }

@@ -27,9 +27,10 @@ var citusFunctions = []struct {
 	{"atomicphase_acquire(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)", false},
 	{"atomicphase_take(text, text, bigint, bigint, boolean)", false},
 	{"atomicphase_release(text, text, bigint, text, bigint, boolean, boolean)", false},
+	{"atomicphase_release(text, text, bigint, text, bigint, boolean, boolean, boolean)", false},
 	{"atomicphase_unpark(text, text)", false},
 	{"atomicphase_record_resolution(text, text, boolean, text, bigint)", false},
-	{"atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer, integer)", false},
+	{"atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)", false},
 	{"atomicphase_record_verdict(text, text, boolean, text, bigint, jsonb)", false},
 	{"atomicphase_renew(text, text, bigint, bigint, bigint)", false},
 	// Called inside the phase's transaction (phase fusion, the commit):

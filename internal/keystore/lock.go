@@ -44,7 +44,7 @@ type Row struct {
 // schema.sql). A replay, and a parked key, read the row by primary key and
 // write nothing.
 const acquireSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_admit(
-	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, $9::bigint, $10::integer, $11::integer)`
+	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, $9::bigint, $10::integer)`
 
 // Request is what a request's recording and acquisition store of it.
 type Request struct {
@@ -58,11 +58,6 @@ type Request struct {
 	// MaxUnfinished refuses a new key whose scope has this many unfinished
 	// keys already; nil for no limit.
 	MaxUnfinished *int32
-	// MaxAttempts tells a key parked by a permanent failure (fewer
-	// attempts), which the acquisition refuses, from one parked because
-	// its attempts ran out, which it takes: parking stops the sweep, not a
-	// client. Zero refuses every parked key.
-	MaxAttempts int32
 }
 
 // Acquire records req's key, or takes it when it is unfinished and nobody
@@ -74,7 +69,7 @@ func (s *Store) Acquire(ctx context.Context, db DB, req *Request) (*Row, error) 
 	var row Row
 	err := db.QueryRow(ctx, s.sql.acquire,
 		req.Scope, req.Key, req.Workflow, req.Fingerprint, req.Method, req.Path, req.State, s.lockTimeoutUS, req.Token,
-		req.MaxUnfinished, maxAttempts(req.MaxAttempts),
+		req.MaxUnfinished,
 	).Scan(&row.Acquired, &row.Workflow, &row.Fingerprint, &row.RecoveryPoint, &row.JumpTarget,
 		&row.State, &row.LockToken, &row.LockExpiresIn, &row.DownstreamSalt,
 		&row.Attempts, &row.TookOver, &row.OverLimit,
@@ -204,15 +199,6 @@ func (rec *Recording) RecordAgain(ctx context.Context, db DB) error {
 	return err
 }
 
-// maxAttempts is atomicphase_admit's p_max_attempts: NULL, which refuses
-// every parked key, for zero.
-func maxAttempts(n int32) *int32 {
-	if n <= 0 {
-		return nil
-	}
-	return &n
-}
-
 // ownedBySQL reports whether a key holds the lock token $3.
 const ownedBySQL = `SELECT lock_token = $3 FROM /* TEMPLATE: schema */idempotency_keys WHERE scope = $1 AND idempotency_key = $2`
 
@@ -253,7 +239,7 @@ func (s *Store) Take(ctx context.Context, db DB, scope, key string, token int64,
 // committed phase put it. See atomicphase_release in schema.sql: it returns
 // a row, and the statement's tag counts one, when it released the lock.
 const releaseSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_release(
-	$1::text, $2::text, $3::bigint, $4::text, $5::bigint, $6::boolean, $7::boolean)`
+	$1::text, $2::text, $3::bigint, $4::text, $5::bigint, $6::boolean, $7::boolean, $8::boolean)`
 
 // Release describes a release: the key, the token it is fenced by, and
 // what the failed attempt leaves on the row.
@@ -266,9 +252,10 @@ type Release struct {
 	// RetryInUS is when the sweep may try the key again, in microseconds
 	// from now; nil for at once (or when parking).
 	RetryInUS *int64
-	// Park parks the key for an operator; Unknown marks the outcome of its
-	// foreign call unknown.
-	Park, Unknown bool
+	// Park parks the key for an operator; Final marks the park for good (a
+	// permanent failure: a client's retry is refused until an operator
+	// acts); Unknown marks the outcome of its foreign call unknown.
+	Park, Final, Unknown bool
 }
 
 // MaxLastError bounds the error text stored on a key.
@@ -278,7 +265,7 @@ const MaxLastError = 2000
 // released anything: false when the token had moved on (another attempt
 // took the key) or the key finished meanwhile.
 func (s *Store) Release(ctx context.Context, db DB, rel *Release) (bool, error) {
-	tag, err := db.Exec(ctx, s.sql.release, rel.Scope, rel.Key, rel.Token, rel.Error, rel.RetryInUS, rel.Park, rel.Unknown)
+	tag, err := db.Exec(ctx, s.sql.release, rel.Scope, rel.Key, rel.Token, rel.Error, rel.RetryInUS, rel.Park, rel.Unknown, rel.Final)
 	return tag.RowsAffected() == 1, err
 }
 

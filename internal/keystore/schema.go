@@ -14,6 +14,7 @@ var schemaObjects = []struct{ kind, name string }{
 	{"table", "atomicphase_audit"},
 	{"column", "idempotency_keys.unknown_at"},
 	{"column", "idempotency_keys.resolved_result"},
+	{"column", "idempotency_keys.final_parked_at"},
 	{"column", "idempotency_keys.lease_us"},
 	{"column", "idempotency_keys.call_until"},
 	{"function", "atomicphase_acquire(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)"},
@@ -27,9 +28,10 @@ var schemaObjects = []struct{ kind, name string }{
 	{"function", "atomicphase_renew(text, text, bigint, bigint, bigint)"},
 	{"function", "atomicphase_take(text, text, bigint, bigint, boolean)"},
 	{"function", "atomicphase_release(text, text, bigint, text, bigint, boolean, boolean)"},
+	{"function", "atomicphase_release(text, text, bigint, text, bigint, boolean, boolean, boolean)"},
 	{"function", "atomicphase_unpark(text, text)"},
 	{"function", "atomicphase_record_resolution(text, text, boolean, text, bigint)"},
-	{"function", "atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer, integer)"},
+	{"function", "atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)"},
 	{"function", "atomicphase_record_verdict(text, text, boolean, text, bigint, jsonb)"},
 }
 

@@ -55,7 +55,7 @@ type bundle struct {
 type setupOpts struct {
 	// stripeBase is the payment API; "" starts a fake.
 	stripeBase string
-	// runner configures the Runner (Config.CallGrace defaults to 1ms here).
+	// runner configures the Runner (Config.CallGrace defaults to 1ns here).
 	runner *atomicphase.Config
 }
 
@@ -97,7 +97,7 @@ func setup(t *testing.T, opts *setupOpts) *bundle {
 	if cfg.CallGrace == 0 {
 		// The fake bank acts before it answers: once a call returned,
 		// nothing of it is in flight.
-		cfg.CallGrace = time.Millisecond
+		cfg.CallGrace = time.Nanosecond
 	}
 	b.runner, err = atomicphase.NewRunner(b.db.Pool, &cfg)
 	require.NoError(t, err)
