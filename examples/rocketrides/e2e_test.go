@@ -89,7 +89,7 @@ func startServer(t *testing.T, dbURL string, env ...string) *server {
 	s.cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "ADDR="+addr, "LOCK_TIMEOUT="+lockTimeout,
 		// The fake bank acts before it answers (unless told to be slow):
 		// once a call returned, nothing of it is in flight.
-		"CALL_GRACE=1ns", "ATOMICPHASE_FAULTS=")
+		"CALL_GRACE=1ms", "ATOMICPHASE_FAULTS=")
 	s.cmd.Env = append(s.cmd.Env, env...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	require.NoError(t, s.cmd.Start())
