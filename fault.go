@@ -13,14 +13,18 @@ type FaultPlace string
 // The places a run passes, in order. Phase-scoped places are passed once per
 // phase attempt.
 const (
-	// BeforeAcquire is passed before the key is recorded or locked.
+	// BeforeAcquire is passed before the key is recorded or locked: with
+	// the connection that sends the statement that records or takes it
+	// (an acquisition, the sweep's or Resume's take), or with none when the
+	// key is new and recorded by its first phase's commit.
 	BeforeAcquire FaultPlace = "before-acquire"
 	// AfterAcquire is passed once the key is locked by this attempt.
 	AfterAcquire FaultPlace = "after-acquire"
 	// BeforePhase is passed before a phase's body runs.
 	BeforePhase FaultPlace = "before-phase"
 	// AfterForeign is passed after a foreign call returned (success or
-	// error) and before its phase commits.
+	// error), before its phase commits, while the call's lease still runs
+	// (a delay there is a slow answer, and the lease is renewed meanwhile).
 	AfterForeign FaultPlace = "after-foreign"
 	// BeforeCommit is passed when the phase's body is done and its
 	// recovery point is about to be committed with its writes.

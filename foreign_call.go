@@ -226,6 +226,12 @@ func (a *attempt) callPhase(ctx context.Context, st *step, state []byte) ([]byte
 	}
 	fc := newForeignCall(key)
 	out, err = st.call(lctx, fc, state)
+	// Passed while the call's lease still runs, under its context: the
+	// answer may come late (faultinject.SlowCall), renewed meanwhile.
+	ferr := a.fault(lctx, st.name, AfterForeign, nil)
+	if errors.Is(ferr, ErrCrashed) {
+		return nil, ferr // a dead process ends and marks nothing
+	}
 	if lerr := l.end(); lerr != nil {
 		// The call's context ended with the lease: whatever it returned,
 		// nothing of it may be committed now.
@@ -237,8 +243,8 @@ func (a *attempt) callPhase(ctx context.Context, st *step, state []byte) ([]byte
 		// can have acted, or ends now when nothing went out.
 		a.callEnded(ctx, fc.claimed())
 	}
-	if ferr := a.fault(ctx, st.name, AfterForeign, nil); ferr != nil {
-		if st.reconcile != nil && !errors.Is(ferr, ErrCrashed) {
+	if ferr != nil {
+		if st.reconcile != nil {
 			// Whatever failed after the call, it may have gone out.
 			ferr = outcomeUnknown(ferr)
 			a.r.observe(ctx, Event{Kind: EventUnknown, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name, Err: ferr})

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/faultinject"
 )
 
 // slowBank is a downstream without idempotency keys that takes a while: a
@@ -398,6 +400,54 @@ func TestTransportIsNotResentByNetHTTP(t *testing.T) {
 			require.EqualValues(t, 1, srv.posts.Load(), "one send")
 		})
 	}
+}
+
+// The same, with the connection broken by faultinject.DropAfterRequest
+// on an ordinary server: the request is read once, the answer lost, and the
+// call is not sent again.
+func TestTransportSendsOnceWhenAnInjectedDropLosesTheAnswer(t *testing.T) {
+	t.Parallel()
+	var posts atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if r.Method == http.MethodPost {
+			posts.Add(1)
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(srv.Close)
+	h := faultinject.NewHTTP()
+	base := h.Transport(nil)
+	t.Cleanup(base.CloseIdleConnections)
+	warm, err := (&http.Client{Transport: base}).Get(srv.URL)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, warm.Body)
+	require.NoError(t, warm.Body.Close())
+
+	inj := faultinject.New(faultinject.Rule{Phase: "pay", Place: atomicphase.BeforePhase, Action: faultinject.DropAfterRequest})
+	inj.HTTP = h
+	b := setup(t, &atomicphase.Config{FaultInjector: inj})
+	wf := atomicphase.MustWorkflow("transport", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
+		atomicphase.Foreign("pay", func(ctx context.Context, call *atomicphase.ForeignCall, _ *struct{}) error {
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{"amount":100}`))
+			if err != nil {
+				return err
+			}
+			resp, err := (&http.Client{Transport: call.Transport(base)}).Do(req)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			_, err = io.Copy(io.Discard, resp.Body)
+			return err
+		}, func(context.Context, atomicphase.Tx, *struct{}) (atomicphase.Outcome, error) {
+			return atomicphase.Respond(201, nil), nil
+		}),
+	}, nil)
+	_, err = b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/t"})
+	require.Error(t, err, "the call's answer was lost")
+	require.Equal(t, []int{1}, inj.Fired())
+	require.EqualValues(t, 1, posts.Load(), "one send")
 }
 
 // The lease is stored on the key row: any reader, whatever lock timeout it

@@ -2,11 +2,15 @@ package atomicphase
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math"
 	"math/rand/v2"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/keystore"
 )
@@ -42,6 +46,9 @@ func (r *Runner) acquire(ctx context.Context, kr *keystore.Request) (*keystore.R
 	if err != nil {
 		return nil, err
 	}
+	if err := r.faultBeforeTake(ctx, kr.Workflow, conn, true); err != nil {
+		return nil, err
+	}
 	row, err := r.store.Acquire(ctx, conn, kr)
 	conn.Release() // before the unlock below, which needs a connection of its own
 	if err != nil && answerMayBeLost(err) {
@@ -67,10 +74,16 @@ func newLockToken() int64 {
 // it: as after a lost acquisition answer, the key is unlocked by the token
 // (which nobody else holds), so that the next attempt need not wait for the
 // lease to end.
-func (r *Runner) take(ctx context.Context, scope, key string, token int64, sweep bool) (*keystore.Row, error) {
+//
+// workflow is the key's workflow as the caller knows it, "" when it does
+// not: it names the fault point passed before the take.
+func (r *Runner) take(ctx context.Context, workflow, scope, key string, token int64, sweep bool) (*keystore.Row, error) {
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return nil, err // nothing was sent
+	}
+	if err := r.faultBeforeTake(ctx, workflow, conn, true); err != nil {
+		return nil, err
 	}
 	row, err := r.store.Take(ctx, conn, scope, key, token, sweep)
 	conn.Release() // before the unlock below, which needs a connection of its own
@@ -81,6 +94,49 @@ func (r *Runner) take(ctx context.Context, scope, key string, token int64, sweep
 		}
 	}
 	return row, err
+}
+
+// faultBeforeTake passes BeforeAcquire, holding conn, the connection about
+// to send the statement that records or takes the key (passed to the
+// injector when pass is set); conn is released when the injector fails the
+// attempt or panics.
+func (r *Runner) faultBeforeTake(ctx context.Context, workflow string, conn *pgxpool.Conn, pass bool) (err error) {
+	if r.cfg.FaultInjector == nil {
+		return nil
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			conn.Release()
+			panic(p)
+		}
+	}()
+	var c *pgx.Conn
+	if pass {
+		c = conn.Conn()
+	}
+	if err := r.fault(ctx, workflow, "", BeforeAcquire, c); err != nil {
+		conn.Release()
+		return &injectedError{err}
+	}
+	return nil
+}
+
+// injectedError is a fault injected before the statement that records or
+// takes a key was sent: nothing went out, and the caller returns the
+// injector's error as it made it.
+type injectedError struct{ err error }
+
+func (e *injectedError) Error() string { return e.err.Error() }
+func (e *injectedError) Unwrap() error { return e.err }
+
+// injected returns the injector's error when err is an injectedError, or
+// nil.
+func injected(err error) error {
+	var ie *injectedError
+	if errors.As(err, &ie) {
+		return ie.err
+	}
+	return nil
 }
 
 // unlock releases the lock an attempt holds with token, so the next attempt

@@ -27,6 +27,9 @@ type resumeOpts struct {
 	// the phase the attempt resumes into, which must have one.
 	workflow string
 	resolve  func([]byte) (bool, []byte, error)
+	// known: the key's workflow as the caller found it listed (the
+	// sweep), for the fault point before the take; "" when unknown.
+	known string
 }
 
 // errNotRunnable is returned to the Sweeper for a key whose stored recovery
@@ -49,7 +52,14 @@ func (r *Runner) resume(ctx context.Context, scope, key string, opts resumeOpts)
 		end(err)
 	}()
 	sent := time.Now() // the lease starts no earlier
-	row, err := r.take(ctx, scope, key, newLockToken(), opts.sweep)
+	wfName := opts.workflow
+	if wfName == "" {
+		wfName = opts.known
+	}
+	row, err := r.take(ctx, wfName, scope, key, newLockToken(), opts.sweep)
+	if inj := injected(err); inj != nil {
+		return nil, inj
+	}
 	if err != nil {
 		err = storeError("resume key", err)
 		r.observe(ctx, Event{Kind: EventStoreError, Scope: scope, Key: key, Err: err})

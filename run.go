@@ -83,9 +83,6 @@ func endOnPanic(end func(error)) {
 // only on the way in, once the key is known to be new or unfinished: a
 // replay needs none.
 func (r *Runner) run(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint) (*Response, error) {
-	if err := r.fault(ctx, wf.Name(), "", BeforeAcquire, nil); err != nil {
-		return nil, err
-	}
 	if !r.fusesRecording(wf) {
 		return r.runExisting(ctx, wf, req, fp)
 	}
@@ -99,6 +96,11 @@ func (r *Runner) run(ctx context.Context, wf AnyWorkflow, req *Request, fp Finge
 		pc.Release()
 		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)
 	case !found:
+		// The key is recorded by the first unit's commit: no statement
+		// takes it, and the point is passed without a connection.
+		if err := r.faultBeforeTake(ctx, wf.Name(), pc, false); err != nil {
+			return nil, injected(err)
+		}
 		return r.runNew(ctx, wf, req, fp, pc)
 	}
 	pc.Release()
@@ -156,6 +158,9 @@ func (r *Runner) runExisting(ctx context.Context, wf AnyWorkflow, req *Request, 
 	kr.MaxUnfinished = r.maxUnfinished()
 	sent := time.Now() // the lease starts no earlier
 	row, err := r.acquire(ctx, kr)
+	if inj := injected(err); inj != nil {
+		return nil, inj
+	}
 	if err != nil {
 		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)
 	}

@@ -239,7 +239,7 @@ func (s *Sweeper) complete(ctx context.Context, res *SweepResult) error {
 		go func() {
 			defer wg.Done()
 			for k := range next {
-				resp, err := s.resumeOne(ctx, k.Scope, k.Key)
+				resp, err := s.resumeOne(ctx, k.Workflow, k.Scope, k.Key)
 				mu.Lock()
 				s.count(ctx, res, k, resp, err)
 				mu.Unlock()
@@ -288,13 +288,13 @@ func (s *Sweeper) count(ctx context.Context, res *SweepResult, k keystore.Ref, r
 // workflow of any length whose phases each fit is finished, fused units
 // included. A phase that panics has parked its key; the panic is reported
 // as that key's failure, and the sweep goes on.
-func (s *Sweeper) resumeOne(ctx context.Context, scope, key string) (resp *Response, err error) {
+func (s *Sweeper) resumeOne(ctx context.Context, workflow, scope, key string) (resp *Response, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			resp, err = nil, &PhaseError{Err: fmt.Errorf("panic: %v", p), Parked: true}
 		}
 	}()
-	return s.r.resume(ctx, scope, key, resumeOpts{sweep: true})
+	return s.r.resume(ctx, scope, key, resumeOpts{sweep: true, known: workflow})
 }
 
 func (s *Sweeper) reap(ctx context.Context, res *SweepResult) error {

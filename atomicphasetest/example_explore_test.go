@@ -115,7 +115,7 @@ func ExampleSurvey() {
 	// checkout:record:after-commit                                         crash            2         201      ok
 	// coverage:
 	// ATTEMPT      POINTS  ACTIONS  POINTS×ACTIONS  RUN  SKIPPED
-	// 1            8       2        16              9    7 (4 no connection held there; 3 no commit follows)
+	// 1            8       2        16              9    7 (3 no connection held there; 4 no commit follows)
 	// consecutive  -       -        -               7    2 (2 the retry does not pass the point again)
 	// all                                           16
 	// violation: <nil>

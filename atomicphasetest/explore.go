@@ -81,6 +81,14 @@ type Trial struct {
 
 	// Close releases the run's fixtures. Defaults to nothing.
 	Close func()
+
+	// HTTP, when set, is what the downstream clients' transports were
+	// made with (HTTP.Transport, below ForeignCall.Transport where the
+	// phase uses it): the explorer then drops the connection of a foreign
+	// phase's request after the downstream read it
+	// (faultinject.DropAfterRequest). Defaults to none: that action is
+	// skipped.
+	HTTP *faultinject.HTTP
 }
 
 // Explore runs the scenario once cleanly, recording every fault point every
@@ -155,7 +163,7 @@ func SurveyRandom(t testing.TB, sc Scenario, seed uint64, runs int) *Report {
 	for k, passed := range e.attempts {
 		for _, p := range uniquePoints(passed) {
 			for _, a := range e.actions {
-				if skip := skipReason(a, p); skip == "" {
+				if skip := e.skipReason(a, p); skip == "" {
 					choices = append(choices, Fault{Point: p.Point, Action: a, Attempt: k + 1})
 				}
 			}

@@ -69,6 +69,16 @@ func TestExplorePayoutEveryPointAndAction(t *testing.T) {
 			}
 			require.True(t, uniq(rep.Points)[atomicphase.FaultPoint{Workflow: "payout", Phase: "pay", Place: atomicphase.AfterForeign}],
 				"the point right after the call is explored")
+			ran := map[faultinject.Action]bool{}
+			for _, row := range rep.Rows[1:] {
+				if len(row.Unfired) == 0 {
+					ran[row.Faults[len(row.Faults)-1].Action] = true
+				}
+			}
+			require.True(t, ran[faultinject.SlowCall], "a payout slower than the lease")
+			if first != "" {
+				require.True(t, ran[faultinject.LoseTakeAck], "a lost take answer on the reconciling attempt")
+			}
 		})
 	}
 }

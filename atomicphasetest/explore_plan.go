@@ -14,9 +14,15 @@ import (
 const (
 	SkipNoConn      = "no connection held there"
 	SkipNoCommit    = "no commit follows"
+	SkipNoTake      = "no statement takes the key there"
+	SkipNoCall      = "no foreign call there"
+	SkipNoHTTP      = "no HTTP transport from the trial (Trial.HTTP)"
 	SkipNotReached  = "the attempt never reached the point"
 	SkipNotRepassed = "the retry does not pass the point again"
 )
+
+// skipReasons lists the reasons in the order the report prints them.
+var skipReasons = []string{SkipNoConn, SkipNoCommit, SkipNoTake, SkipNoCall, SkipNoHTTP, SkipNotReached, SkipNotRepassed}
 
 // newReport starts a report with the clean run.
 func (e *explorer) newReport(name string) *Report {
@@ -43,7 +49,7 @@ func (e *explorer) exhaust(rep *Report) {
 		cov := &rep.Coverage.Attempts[k]
 		for _, p := range uniquePoints(passed) {
 			for _, action := range e.actions {
-				if skip := skipReason(action, p); skip != "" {
+				if skip := e.skipReason(action, p); skip != "" {
 					cov.Skipped[skip]++
 					continue
 				}
@@ -74,7 +80,7 @@ func (e *explorer) exhaust(rep *Report) {
 func (e *explorer) consecutive(rep *Report, plan [][]Fault, row Row) bool {
 	f := plan[len(plan)-1][0]
 	for len(plan) < f.Attempt-1+e.sc.Consecutive {
-		if len(row.Unfired) > 0 || f.Action == faultinject.Delay {
+		if len(row.Unfired) > 0 || f.Action == faultinject.Delay || f.Action == faultinject.SlowCall {
 			return true // nothing failed: the retry is the clean run's
 		}
 		next := len(plan) // the retry's index in row.passed
@@ -122,19 +128,32 @@ func uniquePoints(passed []faultinject.Passed) []faultinject.Passed {
 
 // skipReason says why an action can do nothing at a point, or "" when it
 // applies: TerminateBackend needs a held connection, LoseCommitAck a
-// commit to come.
-func skipReason(a faultinject.Action, p faultinject.Passed) string {
+// commit to come, LoseTakeAck the statement that takes the key,
+// SlowCall a foreign call that returned, DropAfterRequest a foreign
+// phase about to start and the trial's HTTP transport.
+func (e *explorer) skipReason(a faultinject.Action, p faultinject.Passed) string {
+	if a.NeedsConn() && !p.HasConn {
+		return SkipNoConn
+	}
 	switch a {
-	case faultinject.TerminateBackend:
-		if !p.HasConn {
-			return SkipNoConn
-		}
 	case faultinject.LoseCommitAck:
-		if !p.HasConn {
-			return SkipNoConn
-		}
 		if p.Point.Place != atomicphase.BeforeCommit {
 			return SkipNoCommit
+		}
+	case faultinject.LoseTakeAck:
+		if p.Point.Place != atomicphase.BeforeAcquire {
+			return SkipNoTake
+		}
+	case faultinject.SlowCall:
+		if p.Point.Place != atomicphase.AfterForeign {
+			return SkipNoCall
+		}
+	case faultinject.DropAfterRequest:
+		if p.Point.Place != atomicphase.BeforePhase || !e.foreign[p.Point.Phase] {
+			return SkipNoCall
+		}
+		if !e.http {
+			return SkipNoHTTP
 		}
 	}
 	return ""

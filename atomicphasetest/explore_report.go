@@ -163,7 +163,7 @@ func (c Coverage) String() string {
 func skipped(m map[string]int) string {
 	n := 0
 	var parts []string
-	for _, reason := range []string{SkipNoConn, SkipNoCommit, SkipNotReached, SkipNotRepassed} {
+	for _, reason := range skipReasons {
 		if m[reason] > 0 {
 			n += m[reason]
 			parts = append(parts, fmt.Sprintf("%d %s", m[reason], reason))

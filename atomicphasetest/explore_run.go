@@ -28,7 +28,19 @@ type explorer struct {
 	attempts [][]faultinject.Passed
 	clean    Row
 	want     *atomicphase.Response
+	// foreign are the phases the clean run made foreign calls in; http
+	// says whether its trial gave the explorer an HTTP transport.
+	foreign map[string]bool
+	http    bool
 }
+
+// slowLease is the longest lease a run with a slow call (faultinject.SlowCall)
+// runs under: the call's answer comes after slowFactor leases, and the
+// client retries every half lease meanwhile.
+const (
+	slowLease  = 400 * time.Millisecond
+	slowFactor = 2.5
+)
 
 func newExplorer(t testing.TB, sc Scenario) *explorer {
 	t.Helper()
@@ -54,6 +66,14 @@ func newExplorer(t testing.TB, sc Scenario) *explorer {
 	var final *atomicphase.Response
 	e.clean, final = e.runTrial(nil)
 	e.attempts = e.clean.passed
+	e.foreign = map[string]bool{}
+	for _, passed := range e.attempts {
+		for _, p := range passed {
+			if p.Point.Place == atomicphase.AfterForeign {
+				e.foreign[p.Point.Phase] = true
+			}
+		}
+	}
 	if e.clean.Violation == nil && len(e.attempts) > 0 && len(e.attempts[0]) == 0 {
 		e.clean.Violation = errors.New("the clean run passed no fault point: is Trial.Attempt using the runner it is given?")
 	}
@@ -102,9 +122,17 @@ func (e *explorer) runTrial(plan [][]Fault) (Row, *atomicphase.Response) {
 	if trial.Close != nil {
 		defer trial.Close()
 	}
+	if plan == nil {
+		e.http = trial.HTTP != nil
+	}
 	cfg := atomicphase.Config{}
 	if e.sc.Config != nil {
 		cfg = *e.sc.Config
+	}
+	slow := slices.ContainsFunc(row.Faults, func(f Fault) bool { return f.Action == faultinject.SlowCall })
+	if slow && (cfg.LockTimeout == 0 || cfg.LockTimeout > slowLease) {
+		// A call slower than the lease, without waiting minutes for it.
+		cfg.LockTimeout = slowLease
 	}
 	sw := &switchable{}
 	cfg.FaultInjector = sw
@@ -148,6 +176,10 @@ func (e *explorer) runTrial(plan [][]Fault) (Row, *atomicphase.Response) {
 		}
 	}()
 	panicked := false
+	// lostTake: the previous attempt's take lost its answer; the key must
+	// have been unlocked by its token, so this attempt is not refused as
+	// in progress.
+	lostTake := false
 	for attempt := 1; attempt <= e.sc.MaxAttempts && final == nil; attempt++ {
 		var rules []faultinject.Rule
 		var dup *duplicate
@@ -169,11 +201,16 @@ func (e *explorer) runTrial(plan [][]Fault) (Row, *atomicphase.Response) {
 					}}
 					continue
 				}
-				rules = append(rules, faultinject.Rule{Workflow: f.Point.Workflow, Phase: f.Point.Phase, Place: f.Point.Place, Action: f.Action})
+				rule := faultinject.Rule{Workflow: f.Point.Workflow, Phase: f.Point.Phase, Place: f.Point.Place, Action: f.Action}
+				if f.Action == faultinject.SlowCall {
+					rule.Delay = time.Duration(slowFactor * float64(lockTimeout))
+				}
+				rules = append(rules, rule)
 			}
 		}
 		inj := faultinject.New(rules...)
 		inj.Admin = db.Pool
+		inj.HTTP = trial.HTTP
 		sw.set(inj, dup)
 		row.Attempts = attempt
 		if sweepNext {
@@ -188,9 +225,35 @@ func (e *explorer) runTrial(plan [][]Fault) (Row, *atomicphase.Response) {
 			panicked = slices.ContainsFunc(rules, func(r faultinject.Rule) bool { return r.Action == faultinject.Panic })
 			row.passed = append(row.passed, inj.Passed())
 			planned(attempt, inj)
+			lostTake = fired(rules, inj, faultinject.LoseTakeAck)
 			continue
 		}
+		// While an attempt may meet a slow call, its client (timed out)
+		// sends the request again every half lease.
+		var stopRetries func() []*duplicate
+		if slices.ContainsFunc(rules, func(r faultinject.Rule) bool { return r.Action == faultinject.SlowCall }) {
+			stopRetries = retryEvery(lockTimeout/2, func(ctx context.Context) (*atomicphase.Response, error) {
+				return attemptOnce(ctx, runner, trial)
+			})
+		}
 		resp, err := attemptOnce(ctx, runner, trial)
+		if stopRetries != nil {
+			dups = append(dups, stopRetries()...)
+		}
+		if trial.HTTP != nil {
+			trial.HTTP.Disarm() // a drop no request met ends with its attempt
+		}
+		if lostTake && errors.Is(err, atomicphase.ErrInProgress) {
+			row.Outcome = "error: " + err.Error()
+			row.Violation = fmt.Errorf("the key was still locked after the answer to the statement that took it was lost: %w", err)
+			return row, nil
+		}
+		if fired(rules, inj, faultinject.SlowCall) && errors.Is(err, atomicphase.ErrLockLost) {
+			row.Outcome = "error: " + err.Error()
+			row.Violation = fmt.Errorf("the attempt lost its lease during a call slower than the lease (it renews it while the call runs): %w", err)
+			return row, nil
+		}
+		lostTake = fired(rules, inj, faultinject.LoseTakeAck)
 		var pe *panicError
 		panicked = errors.As(err, &pe)
 		row.passed = append(row.passed, inj.Passed())
@@ -243,6 +306,47 @@ func (e *explorer) runTrial(plan [][]Fault) (Row, *atomicphase.Response) {
 	}
 	row.Violation = e.check(ctx, runner, trial, final)
 	return row, final
+}
+
+// fired reports whether a rule with action a fired on the attempt.
+func fired(rules []faultinject.Rule, inj *faultinject.Injector, a faultinject.Action) bool {
+	for n, times := range inj.Fired() {
+		if times > 0 && rules[n].Action == a {
+			return true
+		}
+	}
+	return false
+}
+
+// retryEvery sends the request every interval, concurrently, as a client
+// whose earlier sends timed out would, until the returned function is
+// called; that function returns the duplicates sent, for their verdicts.
+func retryEvery(interval time.Duration, send func(ctx context.Context) (*atomicphase.Response, error)) func() []*duplicate {
+	stop := make(chan struct{})
+	done := make(chan []*duplicate)
+	go func() {
+		var sent []*duplicate
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				done <- sent
+				return
+			case <-t.C:
+				d := &duplicate{done: make(chan struct{})}
+				go func() {
+					defer close(d.done)
+					d.resp, d.err = send(context.WithValue(context.Background(), dupKey{}, true))
+				}()
+				sent = append(sent, d)
+			}
+		}
+	}()
+	return func() []*duplicate {
+		close(stop)
+		return <-done
+	}
 }
 
 // sweepOnce runs the sweep once, after ageing locks and backoffs as the

@@ -34,16 +34,47 @@ const (
 	// acknowledgement: the ambiguous commit. It applies at BeforeCommit and
 	// needs connections dialed through InstallDialer.
 	LoseCommitAck Action = "lose-commit-ack"
+	// LoseTakeAck lets the statement that records or takes the key (the
+	// acquisition of a key that is not recorded with its first phase, the
+	// sweep's or Resume's take) reach the server and complete, then breaks
+	// the connection before the client reads the answer: the key may be
+	// locked with nobody to run it. It applies at BeforeAcquire where the
+	// attempt holds the connection that sends that statement, and needs
+	// connections dialed through InstallDialer.
+	LoseTakeAck Action = "lose-take-ack"
+	// SlowCall makes a foreign call's answer late: at AfterForeign, where
+	// the call has returned and its lease still runs, it sleeps Rule.Delay
+	// (default 1s) under the call's context, as a downstream slower than
+	// the lease would. The attempt renews its lease meanwhile; when it
+	// cannot, the sleep ends with the lease's context and the attempt
+	// commits nothing. Make Delay longer than Config.LockTimeout to try the
+	// renewal (the explorer does, on a lease it shortens).
+	SlowCall Action = "slow-call"
+	// DropAfterRequest breaks the next HTTP connection that sends a request
+	// through HTTP.Transport once the server has read the request and
+	// answered: the client reads no answer, as when a server or proxy
+	// closes a kept-alive connection after reading a request. A client
+	// that re-sent the request on its own (net/http does, for a request it
+	// believes replayable) would send a foreign call twice. It applies at
+	// BeforePhase, before the phase's requests go out, and needs
+	// Injector.HTTP.
+	DropAfterRequest Action = "drop-after-request"
 	// Exit kills the whole process with SIGKILL at the point.
 	Exit Action = "exit"
 )
 
 // Actions lists every action, in a stable order.
-var Actions = []Action{Crash, Error, Panic, Delay, TerminateBackend, LoseCommitAck, Exit}
+var Actions = []Action{Crash, Error, Panic, Delay, TerminateBackend, LoseCommitAck, LoseTakeAck, SlowCall, DropAfterRequest, Exit}
 
 // InProcessActions are the actions an in-process explorer can survive
 // (every one but Exit).
-var InProcessActions = []Action{Crash, Error, Panic, Delay, TerminateBackend, LoseCommitAck}
+var InProcessActions = []Action{Crash, Error, Panic, Delay, TerminateBackend, LoseCommitAck, LoseTakeAck, SlowCall, DropAfterRequest}
+
+// NeedsConn reports whether a acts on the connection the attempt holds at
+// the point, and so does nothing where it holds none.
+func (a Action) NeedsConn() bool {
+	return a == TerminateBackend || a == LoseCommitAck || a == LoseTakeAck
+}
 
 // ErrInjected is wrapped by the error the Error action returns.
 var ErrInjected = errors.New("faultinject: injected error")

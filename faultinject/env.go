@@ -22,8 +22,10 @@ const EnvVar = "ATOMICPHASE_FAULTS"
 // after-acquire, which belong to no phase). PLACE is one of before-acquire,
 // after-acquire, before-phase, after-foreign, before-response,
 // before-commit, after-commit. ACTION is one of crash, error, panic, delay,
-// terminate-backend, lose-commit-ack, exit. ARG is the delay action's
-// duration (a Go duration such as 2s; default 10ms). Every rule fires once.
+// terminate-backend, lose-commit-ack, lose-take-ack, slow-call,
+// drop-after-request, exit. ARG is the delay or slow-call action's
+// duration (a Go duration such as 2s; defaults 10ms and 1s). Every rule
+// fires once.
 //
 //	charge:after-foreign:exit
 //	create_ride/create_ride:before-commit:delay:5s,*:after-acquire:crash
@@ -77,7 +79,7 @@ func parseRule(item string) (Rule, error) {
 		return Rule{}, fmt.Errorf("unknown action %q (one of %s)", parts[2], joinActions())
 	}
 	if len(parts) == 4 {
-		if r.Action != Delay {
+		if r.Action != Delay && r.Action != SlowCall {
 			return Rule{}, fmt.Errorf("action %s takes no argument", r.Action)
 		}
 		d, err := time.ParseDuration(parts[3])

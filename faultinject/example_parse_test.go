@@ -25,5 +25,5 @@ func ExampleParse() {
 	// workflow="" phase="charge" place=after-foreign action=exit delay=0s
 	// workflow="create_ride" phase="create_ride" place=before-commit action=delay delay=2s
 	// workflow="" phase="" place=after-acquire action=crash delay=0s
-	// faultinject: ATOMICPHASE_FAULTS: want [WORKFLOW/]PHASE:PLACE:ACTION[:ARG]: "charge:after-foreign:explode": unknown action "explode" (one of crash, error, panic, delay, terminate-backend, lose-commit-ack, exit)
+	// faultinject: ATOMICPHASE_FAULTS: want [WORKFLOW/]PHASE:PLACE:ACTION[:ARG]: "charge:after-foreign:explode": unknown action "explode" (one of crash, error, panic, delay, terminate-backend, lose-commit-ack, lose-take-ack, slow-call, drop-after-request, exit)
 }

@@ -46,6 +46,10 @@ type Injector struct {
 	// the Runner's own pool, since the kill runs on another of its
 	// connections. Required for TerminateBackend.
 	Admin *pgxpool.Pool
+	// HTTP is where DropAfterRequest breaks connections: the downstream
+	// clients' transports must come from HTTP.Transport. Required for
+	// DropAfterRequest.
+	HTTP *HTTP
 
 	mu     sync.Mutex
 	rules  []Rule
@@ -119,38 +123,50 @@ func (i *Injector) act(ctx context.Context, r Rule, at atomicphase.FaultPoint, c
 	case Panic:
 		panic(&InjectedPanic{At: at})
 	case Delay:
-		d := r.Delay
-		if d == 0 {
-			d = 10 * time.Millisecond
-		}
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+		return sleep(ctx, r.Delay, 10*time.Millisecond)
+	case SlowCall:
+		return sleep(ctx, r.Delay, time.Second)
 	case TerminateBackend:
 		if conn == nil {
 			return nil // no backend held here: nothing to kill
 		}
 		return i.terminate(ctx, conn)
-	case LoseCommitAck:
+	case LoseCommitAck, LoseTakeAck:
 		if conn == nil {
 			return nil
 		}
 		fc, ok := conn.PgConn().Conn().(*faultyConn)
 		if !ok {
-			return fmt.Errorf("faultinject: %s needs connections dialed through faultinject.InstallDialer", LoseCommitAck)
+			return fmt.Errorf("faultinject: %s needs connections dialed through faultinject.InstallDialer", r.Action)
 		}
 		fc.loseNextAck()
+		return nil
+	case DropAfterRequest:
+		if i.HTTP == nil {
+			return fmt.Errorf("faultinject: %s needs Injector.HTTP", DropAfterRequest)
+		}
+		i.HTTP.dropNext()
 		return nil
 	case Exit:
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // SIGKILL cannot be caught; wait for it to land
 	}
 	return fmt.Errorf("faultinject: unknown action %q", r.Action)
+}
+
+// sleep waits d (def when 0), or until ctx ends.
+func sleep(ctx context.Context, d, def time.Duration) error {
+	if d == 0 {
+		d = def
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // terminate kills conn's backend from another connection and waits until

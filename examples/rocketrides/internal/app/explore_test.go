@@ -16,6 +16,7 @@ import (
 	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/fakebank"
 	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/fakemailer"
+	"github.com/atomicphase/atomicphase/faultinject"
 )
 
 // The explorer runs the booking workflow — ride, charge, payout through a
@@ -44,6 +45,26 @@ func TestBookingSurvivesEveryFault(t *testing.T) {
 			t.Parallel()
 			rep := atomicphasetest.Explore(t, bookingScenario(c.name, c.lost))
 			require.Len(t, rep.Attempts, c.attempts)
+			// The actions of time and the network ran: a call slower than
+			// the lease and an answer lost on a dropped connection at both
+			// foreign phases, and, where an attempt takes the key by a
+			// statement of its own, a lost take answer.
+			ran := map[faultinject.Action]map[string]bool{}
+			for _, row := range rep.Rows[1:] {
+				if len(row.Unfired) == 0 && row.Violation == nil {
+					f := row.Faults[len(row.Faults)-1]
+					if ran[f.Action] == nil {
+						ran[f.Action] = map[string]bool{}
+					}
+					ran[f.Action][f.Point.Phase] = true
+				}
+			}
+			for _, a := range []faultinject.Action{faultinject.SlowCall, faultinject.DropAfterRequest} {
+				require.True(t, ran[a]["charge"] && ran[a]["payout"], "%s at both foreign phases: %v", a, ran[a])
+			}
+			if c.attempts > 1 {
+				require.NotEmpty(t, ran[faultinject.LoseTakeAck], "lose-take-ack at the reconciling attempt's acquisition")
+			}
 			for _, a := range rep.Coverage.Attempts {
 				require.Positive(t, a.Run, "attempt %d is faulted", a.Attempt)
 			}
@@ -80,8 +101,12 @@ func bookingScenario(name string, lost []fakebank.Failure) atomicphasetest.Scena
 			if err != nil {
 				t.Fatal(err)
 			}
-			wf := NewWorkflow(payments.URL, bank.URL, receipts)
+			// The calls go through a transport whose connections the
+			// explorer can break after the downstream read a request.
+			h := faultinject.NewHTTP()
+			wf := NewWorkflowOver(payments.URL, bank.URL, receipts, h.Transport(nil))
 			return &atomicphasetest.Trial{
+				HTTP: h,
 				Attempt: func(ctx context.Context, runner *atomicphase.Runner) (*atomicphase.Response, error) {
 					return runner.Run(ctx, wf, atomicphase.Request{Scope: "user@example.com", Key: "ride-1",
 						Method: "POST", Path: "/rides", Params: []byte(rideBody)})

@@ -140,9 +140,10 @@ func recordPayout(ctx context.Context, tx atomicphase.Tx, r *Ride) (atomicphase.
 	return atomicphase.Continue(), nil
 }
 
-// payoutPhase is the workflow's payout phase against the bank at base.
-func payoutPhase(base string) atomicphase.Phase[Ride] {
-	client := &http.Client{Timeout: payoutTimeout}
+// payoutPhase is the workflow's payout phase against the bank at base, over
+// transport (http.DefaultTransport when nil).
+func payoutPhase(base string, transport http.RoundTripper) atomicphase.Phase[Ride] {
+	client := &http.Client{Transport: transport, Timeout: payoutTimeout}
 	return atomicphase.Foreign("payout", payoutFunc(base, client), recordPayout).
 		WithReconcile(reconcilePayout(base, client))
 }

@@ -56,10 +56,17 @@ type RideInput struct {
 // bank API at bankBase, queue the receipt with receipts and respond 201. A
 // declined card is a stored 402: no payout, no receipt.
 func NewWorkflow(stripeBase, bankBase string, receipts *Receipts) *atomicphase.Workflow[Ride] {
+	return NewWorkflowOver(stripeBase, bankBase, receipts, nil)
+}
+
+// NewWorkflowOver is NewWorkflow with the HTTP transport its calls to the
+// payment API and the bank go through (http.DefaultTransport when nil): a
+// test's, which can break connections.
+func NewWorkflowOver(stripeBase, bankBase string, receipts *Receipts, transport http.RoundTripper) *atomicphase.Workflow[Ride] {
 	return atomicphase.MustWorkflow("create_ride", startRide, []atomicphase.Phase[Ride]{
 		atomicphase.Local("create_ride", createRide),
-		atomicphase.Foreign("charge", chargeFunc(stripeBase), recordCharge),
-		payoutPhase(bankBase),
+		atomicphase.Foreign("charge", chargeFunc(stripeBase, transport), recordCharge),
+		payoutPhase(bankBase, transport),
 		atomicphase.Local("send_receipt", sendReceiptFunc(receipts)),
 	}, nil)
 }
@@ -123,15 +130,16 @@ func createRide(ctx context.Context, tx atomicphase.Tx, r *Ride) (atomicphase.Ou
 	return atomicphase.Continue(), nil
 }
 
-// chargeFunc charges through the real Stripe Go client, pointed at base,
+// chargeFunc charges through the real Stripe Go client, pointed at base
+// over transport (http.DefaultTransport when nil),
 // with the derived downstream key and client-side retries off (the client
 // retries the whole request with its own key; each SDK retry would count as
 // another foreign call).
-func chargeFunc(base string) atomicphase.CallFunc[Ride] {
+func chargeFunc(base string, transport http.RoundTripper) atomicphase.CallFunc[Ride] {
 	return func(ctx context.Context, call *atomicphase.ForeignCall, r *Ride) error {
 		backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
 			URL:               stripe.String(base),
-			HTTPClient:        &http.Client{Transport: call.Transport(nil), Timeout: 15 * time.Second},
+			HTTPClient:        &http.Client{Transport: call.Transport(transport), Timeout: 15 * time.Second},
 			MaxNetworkRetries: stripe.Int64(0),
 			LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
 			EnableTelemetry:   stripe.Bool(false),
