@@ -118,17 +118,6 @@ func (a *attempt) parkOnPanic(ctx context.Context) {
 	panic(p)
 }
 
-// runnable reports whether this process's workflow has the phase the row
-// resumes at.
-func (a *attempt) runnable(row *keystore.Row) bool {
-	var jumpTarget string
-	if row.JumpTarget != nil {
-		jumpTarget = *row.JumpTarget
-	}
-	_, err := a.wf.resumeAt(row.RecoveryPoint, jumpTarget)
-	return err == nil
-}
-
 // fail turns a phase failure into Run's error and releases the key, except
 // when the attempt crashed (a dead process releases nothing) or lost the
 // lock (it is no longer ours). A permanent failure, or a failure of the

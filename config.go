@@ -12,11 +12,13 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultLockTimeout  = 90 * time.Second
-	DefaultCallGrace    = 10 * time.Second
-	DefaultMaxKeyLength = 255
-	DefaultPhaseRetries = 5
-	DefaultRetryBackoff = 10 * time.Millisecond
+	DefaultLockTimeout = 90 * time.Second
+	DefaultCallGrace   = 10 * time.Second
+	// DefaultVersionHorizon is Config.VersionHorizon's default.
+	DefaultVersionHorizon = 24 * time.Hour
+	DefaultMaxKeyLength   = 255
+	DefaultPhaseRetries   = 5
+	DefaultRetryBackoff   = 10 * time.Millisecond
 
 	DefaultMaxAttempts       = 25
 	DefaultAttemptBackoff    = time.Second
@@ -92,6 +94,14 @@ type Config struct {
 	// MaxAttemptBackoff caps AttemptBackoff's growth. Defaults to 1h.
 	MaxAttemptBackoff time.Duration
 
+	// VersionHorizon is how recently a process must have recorded a
+	// workflow version (as it registers it, and as its sweep runs) for the
+	// version to count as deployed. A key whose version no deployed
+	// process runs, or whose recovery point no deployed version has, is
+	// parked with an error that names it, instead of being taken in a
+	// loop; one another deployment runs is left to it. Defaults to 24h.
+	VersionHorizon time.Duration
+
 	// MaxUnfinishedPerScope, when positive, refuses a new key (ErrTooManyKeys,
 	// 429 over HTTP) while its scope already has that many unfinished keys,
 	// parked ones included: a defence against a caller spraying keys by the
@@ -146,6 +156,12 @@ func (c *Config) withDefaults() (Config, error) {
 		out.LockTimeout = DefaultLockTimeout
 	case out.LockTimeout < time.Millisecond:
 		errs = append(errs, fmt.Errorf("Config.LockTimeout is %s; use at least 1ms, or 0 for the default %s", out.LockTimeout, DefaultLockTimeout))
+	}
+	switch {
+	case out.VersionHorizon == 0:
+		out.VersionHorizon = DefaultVersionHorizon
+	case out.VersionHorizon < 0:
+		errs = append(errs, fmt.Errorf("Config.VersionHorizon is %s; use a positive duration, or 0 for the default %s", out.VersionHorizon, DefaultVersionHorizon))
 	}
 	switch {
 	case out.CallGrace == 0:

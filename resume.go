@@ -18,9 +18,8 @@ func (r *Runner) Resume(ctx context.Context, scope, key string) (*Response, erro
 
 // resumeOpts say who resumes a key, when it is not a caller of Resume.
 type resumeOpts struct {
-	// sweep: the Sweeper, which takes only keys still due, leaves alone
-	// keys it cannot run (a recovery point its workflow lacks, in a
-	// rolling deploy), and parks keys past Config.MaxAttempts.
+	// sweep: the Sweeper, which takes only keys still due and parks keys
+	// past Config.MaxAttempts.
 	sweep bool
 	// workflow and resolve: ResolveUnknown. The key's workflow must be
 	// named workflow, and resolve stands in for the reconcile function of
@@ -31,11 +30,6 @@ type resumeOpts struct {
 	// sweep), for the fault point before the take; "" when unknown.
 	known string
 }
-
-// errNotRunnable is returned to the Sweeper for a key whose stored recovery
-// point this process's workflow does not have: a newer deployment's key,
-// left for the processes that run it.
-var errNotRunnable = errors.New("atomicphase: recovery point unknown to this process's workflow")
 
 func (r *Runner) resume(ctx context.Context, scope, key string, opts resumeOpts) (resp *Response, err error) {
 	if !opts.sweep { // the sweep resumes keys another configuration recorded
@@ -82,10 +76,13 @@ func (r *Runner) resume(ctx context.Context, scope, key string, opts resumeOpts)
 		r.observe(ctx, Event{Kind: EventInProgress, Workflow: info.Workflow, Scope: scope, Key: key})
 		return nil, inProgress(info.LockExpiresIn)
 	}
-	wf, ok := r.workflow(row.Workflow)
-	if !ok {
+	if _, ok := r.workflow(row.Workflow); !ok {
 		return nil, errors.Join(fmt.Errorf("%w: %q", ErrUnknownWorkflow, row.Workflow),
 			r.unlock(ctx, scope, key, row.LockToken))
+	}
+	wf, ok := r.definitionFor(row, nil)
+	if !ok {
+		return nil, r.notRunnableHere(ctx, row, scope, key)
 	}
 	kind := EventFailedRetry
 	if row.TookOver {
@@ -96,9 +93,6 @@ func (r *Runner) resume(ctx context.Context, scope, key string, opts resumeOpts)
 		a.budget = r.cfg.LockTimeout
 	}
 	if opts.sweep {
-		if !a.runnable(row) {
-			return nil, errors.Join(errNotRunnable, r.unlock(ctx, scope, key, row.LockToken))
-		}
 		if row.Attempts > r.cfg.MaxAttempts {
 			// Attempts that never finished (their processes died, or they
 			// were taken over) count too: without this a key that kills

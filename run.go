@@ -177,14 +177,18 @@ func (r *Runner) runExisting(ctx context.Context, wf AnyWorkflow, req *Request, 
 	default:
 		e.Kind = EventFailedRetry
 	}
+	def, ok := r.definitionFor(row, wf)
+	if !ok {
+		return nil, r.notRunnableHere(ctx, row, req.Scope, req.Key)
+	}
 	r.observe(ctx, e)
-	return newAttempt(r, wf, req.Scope, req.Key, row, sent).run(ctx, row)
+	return newAttempt(r, def, req.Scope, req.Key, row, sent).run(ctx, row)
 }
 
 // keyRequest is what the key store records of req.
 func (r *Runner) keyRequest(wf AnyWorkflow, req *Request, fp Fingerprint, state []byte, token int64) *keystore.Request {
 	return &keystore.Request{Scope: req.Scope, Key: req.Key, Workflow: wf.Name(), Fingerprint: fp[:],
-		Method: req.Method, Path: req.Path, State: state, Token: token}
+		Method: req.Method, Path: req.Path, State: state, Token: token, Version: wf.Version()}
 }
 
 // maxUnfinished is keystore.Request.MaxUnfinished: nil for no limit.

@@ -18,8 +18,11 @@ type Runner struct {
 	// store is the key table, seen with cfg.LockTimeout.
 	store *keystore.Store
 
-	mu        sync.RWMutex
+	mu sync.RWMutex
+	// workflows are the registered workflows by name: the first version
+	// registered under each; versions every version, by name and version.
 	workflows map[string]AnyWorkflow
+	versions  map[string]map[string]AnyWorkflow
 }
 
 // NewRunner returns a Runner that stores keys through pool, which must reach
@@ -35,16 +38,19 @@ func NewRunner(pool *pgxpool.Pool, config *Config) (*Runner, error) {
 		return nil, err
 	}
 	return &Runner{pool: pool, cfg: cfg, store: keystore.New(cfg.Schema, cfg.LockTimeout),
-		workflows: map[string]AnyWorkflow{}}, nil
+		workflows: map[string]AnyWorkflow{}, versions: map[string]map[string]AnyWorkflow{}}, nil
 }
 
-// Register makes workflows resumable by name with Resume. Run registers the
-// workflow it runs, so Register is only needed in processes that resume keys
-// they did not start (a background completer, say). A workflow with the
-// same definition as one registered under its name (the same phases,
-// kinds, options and state type: two values built by one constructor, say)
-// is accepted and changes nothing; registering a different definition
-// under a name already taken is an error that says what differs.
+// Register makes workflows resumable with Resume and the sweep: each key
+// resumes under the registered definition of its own version
+// (Workflow.Version). Run registers the workflow it runs, so Register is
+// needed in processes that resume keys they did not start (a background
+// completer, say), and in a deploy that changes a workflow: register the
+// previous definition beside the new one until its keys are drained
+// (Runner.Versions). A workflow with the same definition as one registered
+// under its name and version (two values built by one constructor, say) is
+// accepted and changes nothing; a different definition under the same name
+// and version is an error that says what differs.
 func (r *Runner) Register(workflows ...AnyWorkflow) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -52,26 +58,68 @@ func (r *Runner) Register(workflows ...AnyWorkflow) error {
 		if wf == nil || wf.isNil() {
 			return errors.New("atomicphase: Register given a nil workflow")
 		}
-		if have, ok := r.workflows[wf.Name()]; ok {
+		byVersion := r.versions[wf.Name()]
+		if have, ok := byVersion[wf.Version()]; ok {
 			if have == wf {
 				continue
 			}
 			if diff := definitionDiff(have.definition(), wf.definition()); diff != "" {
-				return fmt.Errorf("atomicphase: another definition of workflow %q is already registered: %s", wf.Name(), diff)
+				return fmt.Errorf("atomicphase: another definition of workflow %q version %q is already registered: %s", wf.Name(), wf.Version(), diff)
 			}
 			continue // the same definition: the registered one runs its keys
 		}
-		r.workflows[wf.Name()] = wf
+		if byVersion == nil {
+			byVersion = map[string]AnyWorkflow{}
+			r.versions[wf.Name()] = byVersion
+			r.workflows[wf.Name()] = wf
+		}
+		byVersion[wf.Version()] = wf
 	}
 	return nil
 }
 
 // register registers wf unless it already is: one read lock on the hot path.
 func (r *Runner) register(wf AnyWorkflow) error {
-	if have, ok := r.workflow(wf.Name()); ok && (have == wf || slices.Equal(have.definition(), wf.definition())) {
+	if have, ok := r.workflowVersion(wf.Name(), wf.Version()); ok && (have == wf || slices.Equal(have.definition(), wf.definition())) {
 		return nil
 	}
 	return r.Register(wf)
+}
+
+// workflowVersion returns the registered definition of version of the
+// workflow name.
+func (r *Runner) workflowVersion(name, version string) (AnyWorkflow, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	wf, ok := r.versions[name][version]
+	return wf, ok
+}
+
+// versionRefs lists every registered (workflow, version) pair as the key
+// store writes them.
+func (r *Runner) versionRefs() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var out []string
+	for name, byVersion := range r.versions {
+		for v := range byVersion {
+			out = append(out, keystore.VersionRef(name, v))
+		}
+	}
+	return out
+}
+
+// registeredVersions lists every registered definition, in no order.
+func (r *Runner) registeredVersions() []AnyWorkflow {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var out []AnyWorkflow
+	for _, byVersion := range r.versions {
+		for _, wf := range byVersion {
+			out = append(out, wf)
+		}
+	}
+	return out
 }
 
 // workflow returns the workflow registered under name.

@@ -98,6 +98,11 @@ type SweepResult struct {
 	// MaxUnknownWorkflowKeys). It counts the same keys again on every
 	// sweep: it is a level, not an increment.
 	UnknownWorkflow int
+	// OtherVersion counts the abandoned keys of registered workflows left
+	// to the processes that run their versions (Workflow.Version), up to
+	// MaxUnknownWorkflowKeys: a level, as UnknownWorkflow. Keys whose
+	// version no deployed process runs are parked instead (Parked).
+	OtherVersion int
 	// Reaped counts the finished keys deleted.
 	Reaped int
 	// ReapedParked counts the parked keys deleted after ParkedRetention.
@@ -225,7 +230,15 @@ func (s *Sweeper) complete(ctx context.Context, res *SweepResult) error {
 	if len(names) == 0 {
 		return nil
 	}
-	keys, err := r.store.Abandoned(ctx, r.pool, names, s.cfg.BatchSize, s.cfg.MaxPerScope)
+	// The sweep is each process's heartbeat for the versions it runs.
+	if err := r.announce(ctx); err != nil {
+		return storeError("sweep: record the workflow versions", err)
+	}
+	versions := r.versionRefs()
+	if err := s.otherVersions(ctx, res, names, versions); err != nil {
+		return err
+	}
+	keys, err := r.store.Abandoned(ctx, r.pool, names, versions, s.cfg.BatchSize, s.cfg.MaxPerScope)
 	if err != nil {
 		return storeError("sweep: find abandoned keys", err)
 	}
@@ -263,9 +276,8 @@ func (s *Sweeper) count(ctx context.Context, res *SweepResult, k keystore.Ref, r
 	res.Examined++
 	var pe *PhaseError
 	switch {
-	case errors.Is(err, errNotRunnable):
-		res.UnknownWorkflow++
-		r.observe(ctx, Event{Kind: EventUnknownWorkflow, Workflow: k.Workflow, Count: 1})
+	case errors.Is(err, errOtherVersion):
+		res.OtherVersion++
 	case err == nil && !resp.Replayed:
 		res.Completed++
 		r.observe(ctx, Event{Kind: EventZombieKey, Workflow: k.Workflow, Scope: k.Scope, Key: k.Key})
@@ -295,6 +307,41 @@ func (s *Sweeper) resumeOne(ctx context.Context, workflow, scope, key string) (r
 		}
 	}()
 	return s.r.resume(ctx, scope, key, resumeOpts{sweep: true, known: workflow})
+}
+
+// otherVersions counts the unfinished keys of registered workflows under
+// versions this process does not run, and parks for good, one by one, those
+// of versions no deployed process runs, so that nothing retakes them in a
+// loop.
+func (s *Sweeper) otherVersions(ctx context.Context, res *SweepResult, names, versions []string) error {
+	r := s.r
+	counts, err := r.store.OtherVersions(ctx, r.pool, names, versions, MaxUnknownWorkflowKeys)
+	if err != nil {
+		return storeError("sweep: count keys of other workflow versions", err)
+	}
+	deployed := map[string]map[string][]string{}
+	for _, c := range counts {
+		if deployed[c.Workflow] == nil {
+			if deployed[c.Workflow], err = r.store.Deployed(ctx, r.pool, c.Workflow, r.cfg.VersionHorizon); err != nil {
+				return storeError("sweep: look up the deployed workflow versions", err)
+			}
+		}
+		if _, ok := deployed[c.Workflow][c.Version]; ok {
+			res.OtherVersion += c.N
+			continue
+		}
+		// No process runs the version: each key is taken and parked, with
+		// the version named, by the resume that finds it cannot run it.
+		keys, err := r.store.VersionKeys(ctx, r.pool, c.Workflow, c.Version, c.N)
+		if err != nil {
+			return storeError("sweep: list keys of an undeployed workflow version", err)
+		}
+		for _, k := range keys {
+			resp, err := s.resumeOne(ctx, k.Workflow, k.Scope, k.Key)
+			s.count(ctx, res, k, resp, err)
+		}
+	}
+	return nil
 }
 
 func (s *Sweeper) reap(ctx context.Context, res *SweepResult) error {

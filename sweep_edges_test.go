@@ -402,7 +402,11 @@ func TestOldVersionSweepLeavesNewVersionKeysAlone(t *testing.T) {
 	v2 := atomicphase.MustWorkflow("w", revStart, []atomicphase.Phase[revSt]{
 		atomicphase.Local("a", ok), atomicphase.Local("b_new", ok), atomicphase.Local("c", done)},
 		&atomicphase.WorkflowOpts{CommitEachPhase: true}) // b_new's recovery point is committed
-	_, err := b.runner.Run(b.ctx, v2, revReq("k"))
+	// The newer process runs a sweep, which records the version it runs.
+	require.NoError(t, b.runner.Register(v2))
+	_, err := newSweeper(t, b, nil).RunOnce(b.ctx)
+	require.NoError(t, err)
+	_, err = b.runner.Run(b.ctx, v2, revReq("k"))
 	require.ErrorIs(t, err, atomicphase.ErrCrashed) // died after b_new committed
 	ageLocks(t, b)
 	old, err := atomicphase.NewRunner(b.db.Pool, nil)
@@ -415,7 +419,8 @@ func TestOldVersionSweepLeavesNewVersionKeysAlone(t *testing.T) {
 	res, err := s.RunOnce(b.ctx)
 	require.NoError(t, err)
 	info, _ := b.runner.Inspect(b.ctx, "u", "k")
-	require.Equal(t, 1, res.UnknownWorkflow, "left for the processes that run the newer workflow")
+	require.Equal(t, 1, res.OtherVersion, "left for the processes that run the newer workflow")
+	require.Zero(t, res.Examined, "not even taken")
 	require.NotEqual(t, atomicphase.KeyParked, info.Status)
 }
 

@@ -2,6 +2,8 @@ package atomicphase
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -53,6 +55,15 @@ type WorkflowOpts struct {
 	// net/http computes (Content-Length, Date) can never be named. Defaults
 	// to none.
 	ReplayHeaders []string
+
+	// Version names this definition of the workflow: each key records the
+	// version it started under and resumes under that version's
+	// definition, in whichever process registered it. Defaults to one
+	// derived from the phase list (see Workflow.Version): a phase added,
+	// removed, reordered or changed in kind is a new version; a phase
+	// renamed with WithFormerNames is not. Declare one to control it (a
+	// version string that changes when the definition does).
+	Version string
 }
 
 // Workflow is a named, validated, ordered list of phases over a state of type
@@ -69,6 +80,10 @@ type Workflow[S any] struct {
 	replayHeaders map[string]bool
 	// def is the workflow's definition, described once (see definition).
 	def []string
+	// version is the definition's version (WorkflowOpts.Version, or
+	// derived), and phaseNames its phases' names, former names included.
+	version    string
+	phaseNames []string
 }
 
 // step is the state-type-free view of a phase that the Runner executes:
@@ -185,7 +200,46 @@ func NewWorkflow[In, S any](name string, start StartFunc[In, S], phases []Phase[
 		return nil, fmt.Errorf("atomicphase: workflow %q is invalid: %w", name, errors.Join(errs...))
 	}
 	wf.def = wf.describe()
+	wf.version = opts.Version
+	if wf.version == "" {
+		wf.version = wf.derivedVersion()
+	} else if err := checkName("workflow version", wf.version); err != nil {
+		return nil, fmt.Errorf("atomicphase: workflow %q is invalid: %w", name, err)
+	}
+	for _, st := range wf.steps {
+		wf.phaseNames = append(append(wf.phaseNames, st.name), st.formerNames...)
+	}
 	return wf, nil
+}
+
+// Version returns the version of the workflow's definition that its new
+// keys record: WorkflowOpts.Version, or one derived from the phase list —
+// each phase by its oldest name (so a rename declared with WithFormerNames
+// keeps the version), its kind (local, foreign, foreign reconciled) and its
+// jumps, in order. Keys resume under the definition of their own version;
+// a deploy that changes the phase list registers the old definition beside
+// the new one until `atomicphase versions` shows the old one drained.
+func (w *Workflow[S]) Version() string { return w.version }
+
+// derivedVersion hashes what of the phase list a key's progress depends on.
+func (w *Workflow[S]) derivedVersion() string {
+	identity := func(name string) string { return w.steps[w.byName[name]].downstreamName }
+	h := sha256.New()
+	for _, st := range w.steps {
+		kind := "local"
+		switch {
+		case st.call != nil && st.reconcile != nil:
+			kind = "foreign-reconciled"
+		case st.call != nil:
+			kind = "foreign"
+		}
+		jumps := make([]string, len(st.jumps))
+		for i, j := range st.jumps {
+			jumps[i] = identity(j)
+		}
+		fmt.Fprintf(h, "%q %s %q\n", st.downstreamName, kind, jumps)
+	}
+	return "v" + hex.EncodeToString(h.Sum(nil))[:10]
 }
 
 // MustWorkflow is like NewWorkflow but panics if the workflow is invalid. It
@@ -212,6 +266,7 @@ func (w *Workflow[S]) Phases() []string {
 }
 
 func (w *Workflow[S]) isNil() bool                               { return w == nil }
+func (w *Workflow[S]) phaseList() []string                       { return w.phaseNames }
 func (w *Workflow[S]) phaseSteps() []step                        { return w.steps }
 func (w *Workflow[S]) keepsFinishedState() bool                  { return w.keepState }
 func (w *Workflow[S]) replayable() map[string]bool               { return w.replayHeaders }
@@ -229,6 +284,9 @@ type AnyWorkflow interface {
 	replayable() map[string]bool
 	definition() []string
 	resumeAt(recoveryPoint, jumpTarget string) (int, error)
+	// Version is the version of the definition (Workflow.Version).
+	Version() string
+	phaseList() []string
 }
 
 // startStep decodes a request's parameters into In, strictly, runs start and

@@ -94,7 +94,7 @@ version needs, and says to run "atomicphase migrate" when it does not.`),
 		"the lease of keys locked by a release older than migration 007, which did not store it (newer keys carry their own)")
 
 	root.AddCommand(c.migrateCmd(), c.keysCmd(), c.inspectCmd(), c.resumeCmd(), c.resolveCmd(),
-		c.unparkCmd(), c.forgetCmd(), c.reapCmd(), c.sweepCmd(), c.uiCmd(), c.lookupCmd())
+		c.unparkCmd(), c.forgetCmd(), c.reapCmd(), c.sweepCmd(), c.uiCmd(), c.lookupCmd(), c.versionsCmd())
 	return root
 }
 

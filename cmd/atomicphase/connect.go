@@ -48,8 +48,19 @@ func (c *cli) withPool(ctx context.Context, fn func(*pgxpool.Pool) error) error 
 // withRunner is withPool with a Runner configured by the global flags, once
 // the database has shown it has the schema.
 func (c *cli) withRunner(ctx context.Context, fn func(*atomicphase.Runner) error) error {
+	return c.withRunnerConfig(ctx, nil, fn)
+}
+
+// withRunnerConfig is withRunner with the Runner's configuration taken from
+// cfg (nil for the defaults) besides the global flags.
+func (c *cli) withRunnerConfig(ctx context.Context, cfg *atomicphase.Config, fn func(*atomicphase.Runner) error) error {
+	rc := atomicphase.Config{}
+	if cfg != nil {
+		rc = *cfg
+	}
+	rc.Schema, rc.LockTimeout = c.schema, c.lockTimeout
 	return c.withPool(ctx, func(pool *pgxpool.Pool) error {
-		r, err := atomicphase.NewRunner(pool, &atomicphase.Config{Schema: c.schema, LockTimeout: c.lockTimeout})
+		r, err := atomicphase.NewRunner(pool, &rc)
 		if err != nil {
 			return &usageError{fmt.Errorf("--schema or --lock-timeout: %w", err)}
 		}

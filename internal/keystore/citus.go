@@ -33,10 +33,12 @@ var citusFunctions = []struct {
 	{"atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)", false},
 	{"atomicphase_record_verdict(text, text, boolean, text, bigint, jsonb)", false},
 	{"atomicphase_renew(text, text, bigint, bigint, bigint)", false},
+	{"atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer, text)", false},
 	// Called inside the phase's transaction (phase fusion, the commit):
 	// without force_delegation they would run on the coordinator.
 	{"atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer)", true},
 	{"atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer, bigint)", true},
+	{"atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer, bigint, text)", true},
 	{"atomicphase_checkpoint(text, text, bigint, text, text, bytea, integer, jsonb, bytea)", true},
 }
 

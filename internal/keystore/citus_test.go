@@ -46,6 +46,9 @@ var fanOut = map[string]string{
 	"recentTroubleSQL":  "the console lists recent parks and unknown outcomes of every scope",
 	"pageSQL":           "the console pages through the whole table",
 	"pageUnfinishedSQL": "the console pages through the unfinished keys of every scope",
+	"otherVersionsSQL":  "the sweep counts the keys of other workflow versions in every scope",
+	"versionKeysSQL":    "the sweep lists the keys of a workflow version no process runs, in every scope, to park them",
+	"versionsSQL":       "Runner.Versions, for operators: counts the unfinished keys of every version",
 }
 
 // timeInSubquery are modifications whose only time is read by a subquery

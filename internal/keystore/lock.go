@@ -37,6 +37,10 @@ type Row struct {
 	ResponseStatus *int
 	ResponseHeader []byte // JSON text, decoded only for a replay
 	ResponseBody   []byte
+	// WorkflowVersion is the version of the workflow definition the key
+	// started under; nil for a key recorded without one (by a release
+	// older than versions), or not read (a refusal).
+	WorkflowVersion *string
 }
 
 // acquireSQL records or takes the key, or reports why not, in one statement
@@ -44,7 +48,7 @@ type Row struct {
 // schema.sql). A replay, and a parked key, read the row by primary key and
 // write nothing.
 const acquireSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_admit(
-	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, $9::bigint, $10::integer)`
+	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, $9::bigint, $10::integer, $11::text)`
 
 // Request is what a request's recording and acquisition store of it.
 type Request struct {
@@ -58,6 +62,8 @@ type Request struct {
 	// MaxUnfinished refuses a new key whose scope has this many unfinished
 	// keys already; nil for no limit.
 	MaxUnfinished *int32
+	// Version is the version of the workflow definition a new key records.
+	Version string
 }
 
 // Acquire records req's key, or takes it when it is unfinished and nobody
@@ -69,11 +75,11 @@ func (s *Store) Acquire(ctx context.Context, db DB, req *Request) (*Row, error) 
 	var row Row
 	err := db.QueryRow(ctx, s.sql.acquire,
 		req.Scope, req.Key, req.Workflow, req.Fingerprint, req.Method, req.Path, req.State, s.lockTimeoutUS, req.Token,
-		req.MaxUnfinished,
+		req.MaxUnfinished, req.Version,
 	).Scan(&row.Acquired, &row.Workflow, &row.Fingerprint, &row.RecoveryPoint, &row.JumpTarget,
 		&row.State, &row.LockToken, &row.LockExpiresIn, &row.DownstreamSalt,
 		&row.Attempts, &row.TookOver, &row.OverLimit,
-		&row.ResponseStatus, &row.ResponseHeader, &row.ResponseBody, &row.Parked)
+		&row.ResponseStatus, &row.ResponseHeader, &row.ResponseBody, &row.Parked, &row.WorkflowVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +146,7 @@ func (s *Store) Peek(ctx context.Context, db DB, scope, key, workflow string, fi
 // it raises RecordingInFlightCode at once, and the rest of the batch is
 // skipped.
 const recordSQL = `SELECT downstream_salt::text FROM /* TEMPLATE: schema */atomicphase_record(
-	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, NULL::integer, $9::bigint)`
+	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, NULL::integer, $9::bigint, $10::text)`
 
 // Recording is a new key's recording, sent at the head of the first unit's
 // transaction (Queue) and read back from its batch (Read), or sent again on
@@ -166,7 +172,7 @@ var ErrNotRecorded = errors.New("atomicphase: the key was recorded meanwhile")
 // applied: a recording that rides in a transaction is not counted).
 func (s *Store) NewRecording(req *Request) *Recording {
 	return &Recording{sql: s.sql.record,
-		args: []any{req.Scope, req.Key, req.Workflow, req.Fingerprint, req.Method, req.Path, req.State, req.Token, s.lockTimeoutArg}}
+		args: []any{req.Scope, req.Key, req.Workflow, req.Fingerprint, req.Method, req.Path, req.State, req.Token, s.lockTimeoutArg, req.Version}}
 }
 
 // Queue adds the recording to b.
@@ -232,8 +238,16 @@ func (s *Store) Take(ctx context.Context, db DB, scope, key string, token int64,
 	if err != nil {
 		return nil, err
 	}
+	// The version the key started under: never changed once recorded, so
+	// a read after the take sees the taken key's.
+	if err := db.QueryRow(ctx, s.sql.versionOf, scope, key).Scan(&row.WorkflowVersion); err != nil {
+		return nil, err
+	}
 	return &row, nil
 }
+
+// versionOfSQL reads the workflow version a key started under.
+const versionOfSQL = `SELECT workflow_version FROM /* TEMPLATE: schema */idempotency_keys WHERE scope = $1::text AND idempotency_key = $2::text`
 
 // releaseSQL releases a lock, leaving the recovery point where the last
 // committed phase put it. See atomicphase_release in schema.sql: it returns

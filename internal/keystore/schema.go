@@ -33,6 +33,10 @@ var schemaObjects = []struct{ kind, name string }{
 	{"function", "atomicphase_record_resolution(text, text, boolean, text, bigint)"},
 	{"function", "atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)"},
 	{"function", "atomicphase_record_verdict(text, text, boolean, text, bigint, jsonb)"},
+	{"table", "atomicphase_workflow_versions"},
+	{"column", "idempotency_keys.workflow_version"},
+	{"function", "atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer, text)"},
+	{"function", "atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer, bigint, text)"},
 }
 
 const checkSchemaSQL = `

@@ -74,7 +74,8 @@ type statements struct {
 	inspect, list, unpark, forget, recordResolution,
 	abandoned, unknownWorkflows, reap, reapParked,
 	levels, recentTrouble, page, pageUnfinished, scopeKeys,
-	recordAudit, auditTrail string
+	recordAudit, auditTrail,
+	versionOf, announce, deployed, otherVersions, versionKeys, versions string
 }
 
 // New returns the Store for schema ("" for the search_path) and lockTimeout.
@@ -108,6 +109,12 @@ func New(schema string, lockTimeout time.Duration) *Store {
 		scopeKeys:        r(scopeKeysSQL),
 		recordAudit:      r(recordAuditSQL),
 		auditTrail:       r(auditTrailSQL),
+		versionOf:        r(versionOfSQL),
+		announce:         r(announceSQL),
+		deployed:         r(deployedSQL),
+		otherVersions:    r(otherVersionsSQL),
+		versionKeys:      r(versionKeysSQL),
+		versions:         r(versionsSQL),
 	}}
 }
 

@@ -11,7 +11,8 @@ import (
 // The sweep's statements: the only ones on the table that read (or, for
 // the reap, delete from) every shard of a distributed key table, on purpose.
 
-// abandonedSQL picks abandoned keys of the registered workflows, fairly
+// abandonedSQL picks abandoned keys of the registered workflows and
+// versions (and keys recorded without a version), fairly
 // across scopes: at most $4 of one scope, and every scope's n-th key
 // (waiting longest first) before any scope's n+1-th. The window is
 // partitioned by scope, the distribution column, so on Citus each worker
@@ -23,6 +24,7 @@ SELECT scope, idempotency_key, workflow FROM (
     FROM /* TEMPLATE: schema */idempotency_keys
     WHERE response_status IS NULL AND parked_at IS NULL
       AND workflow = ANY($1::text[])
+      AND (workflow_version IS NULL OR workflow || chr(31) || workflow_version = ANY($5::text[]))
       AND coalesce(/* TEMPLATE: schema */atomicphase_held_until(locked_at, lease_us, call_until, $2) < now(), true)
       AND (next_attempt_at IS NULL OR next_attempt_at <= now())) AS due
 WHERE nth <= $4::bigint
@@ -33,10 +35,14 @@ LIMIT $3`
 type Ref struct{ Scope, Key, Workflow string }
 
 // Abandoned returns at most limit due, unheld, unfinished keys of
-// workflows, at most perScope of any one scope: every scope's longest
+// workflows and versions, at most perScope of any one scope: every scope's longest
 // waiting key first, then every scope's second, and so on.
-func (s *Store) Abandoned(ctx context.Context, db DB, workflows []string, limit, perScope int) ([]Ref, error) {
-	rows, err := db.Query(ctx, s.sql.abandoned, workflows, s.lockTimeoutUS, limit, perScope)
+//
+// versions are the workflow versions the caller runs, each written
+// VersionRef(workflow, version): a key of another version is left to the
+// processes that run it.
+func (s *Store) Abandoned(ctx context.Context, db DB, workflows, versions []string, limit, perScope int) ([]Ref, error) {
+	rows, err := db.Query(ctx, s.sql.abandoned, workflows, s.lockTimeoutUS, limit, perScope, versions)
 	if err != nil {
 		return nil, err
 	}
