@@ -46,6 +46,11 @@ type Config struct {
 	// FaultHeader is ATOMICPHASE_FAULT_HEADER=1: honour the
 	// Atomicphase-Fault request header (a test hook for the demo).
 	FaultHeader bool
+	// Release is RIDES_RELEASE, the create_ride definition new requests
+	// run: "v1" (the default, NewWorkflow) or "v2" (NewWorkflowV2, the next
+	// release's, deployed beside v1's; a v2 server registers both, so it
+	// finishes the keys v1 started).
+	Release string
 }
 
 // DefaultCallGrace is CALL_GRACE's default: the payout timeout and five
@@ -69,11 +74,19 @@ func ConfigFromEnv() (Config, error) {
 		KeyRetention:  atomicphase.DefaultKeyRetention,
 		FaultHeader:   os.Getenv("ATOMICPHASE_FAULT_HEADER") == "1",
 		ConsoleAddr:   os.Getenv("CONSOLE_ADDR"),
+		Release:       os.Getenv("RIDES_RELEASE"),
+	}
+	var errs []error
+	switch cfg.Release {
+	case "":
+		cfg.Release = "v1"
+	case "v1", "v2":
+	default:
+		errs = append(errs, fmt.Errorf("RIDES_RELEASE=%q: want v1 or v2", cfg.Release))
 	}
 	if cfg.Addr == "" {
 		cfg.Addr = "127.0.0.1:8080"
 	}
-	var errs []error
 	for _, v := range []struct {
 		name   string
 		dst    *time.Duration

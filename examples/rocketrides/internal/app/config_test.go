@@ -11,13 +11,14 @@ import (
 
 func TestConfigFromEnvDefaults(t *testing.T) {
 	for _, v := range []string{"DATABASE_URL", "ADDR", "STRIPE_API_BASE", "MAILER_API_BASE", "BANK_API_BASE",
-		"LOCK_TIMEOUT", "CALL_GRACE", "SWEEP_INTERVAL", "KEY_RETENTION", "ATOMICPHASE_FAULT_HEADER"} {
+		"LOCK_TIMEOUT", "CALL_GRACE", "SWEEP_INTERVAL", "KEY_RETENTION", "ATOMICPHASE_FAULT_HEADER", "RIDES_RELEASE"} {
 		t.Setenv(v, "")
 	}
 	cfg, err := ConfigFromEnv()
 	require.NoError(t, err)
 	require.Equal(t, Config{
 		Addr: "127.0.0.1:8080", LockTimeout: 90 * time.Second, CallGrace: 15 * time.Second, SweepInterval: 5 * time.Second, KeyRetention: 24 * time.Hour,
+		Release: "v1",
 	}, cfg)
 }
 
@@ -40,8 +41,9 @@ func TestConfigFromEnvNamesEveryBadDuration(t *testing.T) {
 	t.Setenv("LOCK_TIMEOUT", "0")
 	t.Setenv("SWEEP_INTERVAL", "-5s")
 	t.Setenv("KEY_RETENTION", "a day")
+	t.Setenv("RIDES_RELEASE", "v3")
 	_, err := ConfigFromEnv()
-	for _, want := range []string{`LOCK_TIMEOUT="0"`, `SWEEP_INTERVAL="-5s"`, "or 0 to turn the sweep off", `KEY_RETENTION="a day"`} {
+	for _, want := range []string{`LOCK_TIMEOUT="0"`, `SWEEP_INTERVAL="-5s"`, "or 0 to turn the sweep off", `KEY_RETENTION="a day"`, `RIDES_RELEASE="v3": want v1 or v2`} {
 		require.ErrorContains(t, err, want)
 	}
 }

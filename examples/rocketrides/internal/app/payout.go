@@ -143,7 +143,13 @@ func recordPayout(ctx context.Context, tx atomicphase.Tx, r *Ride) (atomicphase.
 // payoutPhase is the workflow's payout phase against the bank at base, over
 // transport (http.DefaultTransport when nil).
 func payoutPhase(base string, transport http.RoundTripper) atomicphase.Phase[Ride] {
-	client := &http.Client{Transport: transport, Timeout: payoutTimeout}
+	client := payoutClient(transport)
 	return atomicphase.Foreign("payout", payoutFunc(base, client), recordPayout).
 		WithReconcile(reconcilePayout(base, client))
+}
+
+// payoutClient is the bank's HTTP client over transport
+// (http.DefaultTransport when nil).
+func payoutClient(transport http.RoundTripper) *http.Client {
+	return &http.Client{Transport: transport, Timeout: payoutTimeout}
 }

@@ -138,9 +138,19 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 		return err
 	}
 	wf := NewWorkflow(cfg.StripeAPIBase, cfg.BankAPIBase, receipts)
-	if err := runner.Register(wf); err != nil { // the sweep resumes its keys before any request
+	// The sweep resumes their keys before any request. Each key resumes
+	// under the definition of the version it started under: a v2 server
+	// runs v1's too, for the keys v1 servers started.
+	if err := runner.Register(wf); err != nil {
 		return err
 	}
+	if cfg.Release == "v2" {
+		wf = NewWorkflowV2(cfg.StripeAPIBase, cfg.BankAPIBase, receipts, nil)
+		if err := runner.Register(wf); err != nil {
+			return err
+		}
+	}
+	logf("serving create_ride %s (version %s)", cfg.Release, wf.Version())
 	if cfg.SweepInterval > 0 {
 		stop, err := startSweep(runner, cfg.SweepInterval, cfg.KeyRetention)
 		if err != nil {
