@@ -88,7 +88,8 @@
 // UnparkKeys, ReapParked), console.go (KeyLevels, ListKeyPage and the rest
 // an operator's console reads; the apui package serves one), audit.go (the
 // operators' audit trail), downstream_lookup.go (FindDownstreamKey),
-// sweep.go (the Sweeper and Reap), classify.go (what a store or phase error
+// versions.go (which definition runs a key: its version's), sweep.go
+// (the Sweeper and Reap), classify.go (what a store or phase error
 // means), errors.go, config.go, observer.go, fault.go, migrate.go,
 // exec_mode_check.go and citus.go. The "code,
 // file by file" section of docs/concepts.md walks it in more detail.
