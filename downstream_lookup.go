@@ -3,6 +3,7 @@ package atomicphase
 import (
 	"context"
 	"errors"
+	"slices"
 
 	"github.com/atomicphase/atomicphase/internal/keystore"
 )
@@ -38,14 +39,14 @@ var ErrDownstreamKeyNotFound = errors.New("atomicphase: no key of the scope sent
 // matches.
 func (r *Runner) FindDownstreamKey(ctx context.Context, scope, reference string) (*DownstreamMatch, error) {
 	return r.findDownstream(ctx, scope, reference, func(workflow string) []string {
-		wf, ok := r.workflow(workflow)
-		if !ok {
-			return nil
-		}
+		// The foreign phases of every registered version: a key of an
+		// older version may have called a phase the newer one dropped.
 		var names []string
-		for _, st := range wf.phaseSteps() {
-			if st.call != nil {
-				names = append(names, st.downstreamName)
+		for _, wf := range r.definitionsOf(workflow) {
+			for _, st := range wf.phaseSteps() {
+				if st.call != nil && !slices.Contains(names, st.downstreamName) {
+					names = append(names, st.downstreamName)
+				}
 			}
 		}
 		return names

@@ -104,6 +104,10 @@ func TestFusedRequestCommitsOncePerForeignPhasePlusOnce(t *testing.T) {
 	var calls sync.Map
 	wf := fusedWorkflow(t, &calls, nil)
 	b := &testBundle{db: db, runner: runner, ctx: context.Background()}
+	// The process records its workflow's version once, before its first
+	// request of it would: not part of a request.
+	require.NoError(t, runner.Register(wf))
+	require.NoError(t, runner.RecordVersions(b.ctx))
 
 	commits.n.Store(0)
 	resp, err := runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/f"})
@@ -121,6 +125,8 @@ func TestFusedRequestCommitsOncePerForeignPhasePlusOnce(t *testing.T) {
 			return atomicphase.Respond(200, nil), nil
 		}),
 	}, &atomicphase.WorkflowOpts{CommitEachPhase: true})
+	require.NoError(t, runner.Register(each))
+	require.NoError(t, runner.RecordVersions(b.ctx))
 	commits.n.Store(0)
 	_, err = runner.Run(b.ctx, each, atomicphase.Request{Scope: "u", Key: "each", Method: "POST", Path: "/e"})
 	require.NoError(t, err)

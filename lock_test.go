@@ -342,6 +342,10 @@ func TestLostAcquisitionAnswerLeavesTheKeyTakeable(t *testing.T) {
 				}),
 			}, &atomicphase.WorkflowOpts{CommitEachPhase: !fused})
 			req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/l"}
+			// The version is recorded before the connection is armed (a
+			// process's first request of it would record it first).
+			require.NoError(t, runner.Register(wf))
+			require.NoError(t, runner.RecordVersions(b.ctx))
 
 			armed.Store(!fused)
 			_, err = runner.Run(b.ctx, wf, req)

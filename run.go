@@ -62,6 +62,10 @@ func (r *Runner) Run(ctx context.Context, wf AnyWorkflow, req Request) (*Respons
 	if err := r.register(wf); err != nil {
 		return nil, err
 	}
+	r.recordIfNew(ctx)
+	if err := r.conflict(wf); err != nil {
+		return nil, err
+	}
 	ctx, end := r.span(ctx, Span{Kind: SpanRequest, Workflow: wf.Name(), Scope: req.Scope, Key: req.Key})
 	defer endOnPanic(end)
 	resp, err := r.run(ctx, wf, &req, fp)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -23,6 +24,14 @@ type Runner struct {
 	// registered under each; versions every version, by name and version.
 	workflows map[string]AnyWorkflow
 	versions  map[string]map[string]AnyWorkflow
+	// order lists each workflow's versions in the order registered.
+	order map[string][]AnyWorkflow
+	// unrecorded is set when a version was registered that this process
+	// has not recorded in the database yet (see RecordVersions).
+	unrecorded atomic.Bool
+	// conflicts are the registered versions another process recorded with
+	// another phase list, by VersionRef: refused here.
+	conflicts map[string]error
 }
 
 // NewRunner returns a Runner that stores keys through pool, which must reach
@@ -38,7 +47,7 @@ func NewRunner(pool *pgxpool.Pool, config *Config) (*Runner, error) {
 		return nil, err
 	}
 	return &Runner{pool: pool, cfg: cfg, store: keystore.New(cfg.Schema, cfg.LockTimeout),
-		workflows: map[string]AnyWorkflow{}, versions: map[string]map[string]AnyWorkflow{}}, nil
+		workflows: map[string]AnyWorkflow{}, versions: map[string]map[string]AnyWorkflow{}, order: map[string][]AnyWorkflow{}, conflicts: map[string]error{}}, nil
 }
 
 // Register makes workflows resumable with Resume and the sweep: each key
@@ -74,6 +83,8 @@ func (r *Runner) Register(workflows ...AnyWorkflow) error {
 			r.workflows[wf.Name()] = wf
 		}
 		byVersion[wf.Version()] = wf
+		r.order[wf.Name()] = append(r.order[wf.Name()], wf)
+		r.unrecorded.Store(true)
 	}
 	return nil
 }
@@ -104,6 +115,18 @@ func (r *Runner) versionRefs() []string {
 	for name, byVersion := range r.versions {
 		for v := range byVersion {
 			out = append(out, keystore.VersionRef(name, v))
+		}
+	}
+	return out
+}
+
+// phaseRefs lists every (workflow, phase) pair of the registered
+// definitions, former names included, as the key store writes them.
+func (r *Runner) phaseRefs() []string {
+	var out []string
+	for _, wf := range r.registeredVersions() {
+		for _, p := range wf.phaseList() {
+			out = append(out, keystore.VersionRef(wf.Name(), p))
 		}
 	}
 	return out

@@ -1284,8 +1284,8 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS idempotency_keys_parked_at_idx ON idempo
 -- under whichever definition has their recovery point, as before).
 
 -- The version is set by the new overloads below for the statement's
--- transaction (set_config(..., true)), and taken by the key's INSERT as the
--- column's default: the row is written once, by the statement that records
+-- transaction (set_config(..., true), cleared again once the inner call
+-- returned), and taken by the key's INSERT as the column's default: the row is written once, by the statement that records
 -- it, whichever function inserts it. A previous release sets nothing, and
 -- its keys get NULL.
 ALTER TABLE idempotency_keys ADD COLUMN workflow_version text;
@@ -1295,9 +1295,13 @@ ALTER TABLE idempotency_keys
 -- The versions processes run: each Runner records the (workflow, version)
 -- pairs it registered, with their phases, and refreshes seen_at as its
 -- sweep runs. A version not seen within a horizon is not deployed.
+-- shape is the version derived from the phase list, whether or not the
+-- version was declared: two processes that declare one version with
+-- different phase lists are refused.
 CREATE TABLE atomicphase_workflow_versions (
     workflow      text        NOT NULL,
     version       text        NOT NULL,
+    shape         text        NOT NULL,
     phases        text[]      NOT NULL,
     registered_at timestamptz NOT NULL DEFAULT now(),
     seen_at       timestamptz NOT NULL DEFAULT now(),
@@ -1329,6 +1333,7 @@ BEGIN
     FROM atomicphase_admit(
         p_scope, p_key, p_workflow, p_fingerprint, p_method, p_path, p_state,
         p_lock_timeout_us, p_lock_token, p_max_unfinished) AS a;
+    PERFORM set_config('atomicphase.workflow_version', '', true);
     IF acquired THEN
         SELECT k.workflow_version INTO workflow_version
         FROM idempotency_keys k
@@ -1348,5 +1353,6 @@ BEGIN
     RETURN QUERY SELECT r.downstream_salt FROM atomicphase_record(
         p_scope, p_key, p_workflow, p_fingerprint, p_method, p_path, p_state,
         p_lock_token, p_max_unfinished, p_lease_us) AS r;
+    PERFORM set_config('atomicphase.workflow_version', '', true);
 END
 $$;

@@ -231,14 +231,17 @@ func (s *Sweeper) complete(ctx context.Context, res *SweepResult) error {
 		return nil
 	}
 	// The sweep is each process's heartbeat for the versions it runs.
-	if err := r.announce(ctx); err != nil {
+	if err := r.announce(ctx); errors.Is(err, keystore.ErrVersionShape) {
+		// Refused here from now on; the keys of the others go on.
+		r.logKey(ctx, slog.LevelError, "atomicphase: a workflow version is declared for two phase lists", "", "", "", "error", err)
+	} else if err != nil {
 		return storeError("sweep: record the workflow versions", err)
 	}
 	versions := r.versionRefs()
 	if err := s.otherVersions(ctx, res, names, versions); err != nil {
 		return err
 	}
-	keys, err := r.store.Abandoned(ctx, r.pool, names, versions, s.cfg.BatchSize, s.cfg.MaxPerScope)
+	keys, err := r.store.Abandoned(ctx, r.pool, names, versions, r.phaseRefs(), s.cfg.BatchSize, s.cfg.MaxPerScope)
 	if err != nil {
 		return storeError("sweep: find abandoned keys", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -13,35 +14,36 @@ import (
 // Workflow versions. Each key records the version of the definition it
 // started under (Workflow.Version) and resumes under that definition, in
 // whichever process registered it. Each process records the versions it
-// registered in the database (atomicphase_workflow_versions) as its sweep
-// runs, and before it decides about a key it cannot run. A key no definition in this process can
-// run is left to another deployment that runs it (unlocked, to be tried
-// again later, so it never heads the sweep's queue), or, when no process
-// recorded its version (or, for a key recorded without a version, a version
-// with its recovery point) within Config.VersionHorizon, parked for good
-// with an error that names what is missing: deploy it, then unpark the key.
+// registered in the database (atomicphase_workflow_versions) with its first
+// request of each, as its sweep runs, and before it decides about a key it
+// cannot run. A key no definition in this process can run is left to
+// another deployment that runs it (released uncounted, to rest before it is
+// tried again, so it never heads the sweep's queue), or, when no process
+// recorded its version within Config.VersionHorizon, parked for good with
+// an error that names the version: deploy it, then unpark the key.
 
 // definitionFor returns the registered definition that runs row's key:
-// the one of its version; for a key recorded without a version, the first
-// (preferred first) that has its recovery point. ok is false when none
-// here can run it.
+// the one of its version (preferred when it is that one); for a key
+// recorded without a version, the first registered that has its recovery
+// point. ok is false when none here can run it, or its version is refused
+// here (declared for two phase lists).
 func (r *Runner) definitionFor(row *keystore.Row, preferred AnyWorkflow) (AnyWorkflow, bool) {
 	if row.WorkflowVersion != nil {
 		v := *row.WorkflowVersion
-		if preferred != nil && preferred.Name() == row.Workflow && preferred.Version() == v {
-			return preferred, true
+		wf, ok := preferred, preferred != nil && preferred.Name() == row.Workflow && preferred.Version() == v
+		if !ok {
+			wf, ok = r.workflowVersion(row.Workflow, v)
 		}
-		return r.workflowVersion(row.Workflow, v)
+		return wf, ok && r.conflict(wf) == nil
 	}
+	// Recorded without a version (by a release older than versions): the
+	// first definition registered that has its recovery point, whatever
+	// the request's. Register the definition that release ran first.
 	var jump string
 	if row.JumpTarget != nil {
 		jump = *row.JumpTarget
 	}
-	candidates := r.definitionsOf(row.Workflow)
-	if preferred != nil && preferred.Name() == row.Workflow {
-		candidates = append([]AnyWorkflow{preferred}, candidates...)
-	}
-	for _, wf := range candidates {
+	for _, wf := range r.definitionsOf(row.Workflow) {
 		if _, err := wf.resumeAt(row.RecoveryPoint, jump); err == nil {
 			return wf, true
 		}
@@ -49,25 +51,12 @@ func (r *Runner) definitionFor(row *keystore.Row, preferred AnyWorkflow) (AnyWor
 	return nil, false
 }
 
-// definitionsOf lists the registered definitions of the workflow name,
-// sorted by version.
+// definitionsOf lists the registered definitions of the workflow name, in
+// the order registered.
 func (r *Runner) definitionsOf(name string) []AnyWorkflow {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	out := make([]AnyWorkflow, 0, len(r.versions[name]))
-	for _, wf := range r.versions[name] {
-		out = append(out, wf)
-	}
-	slices.SortFunc(out, func(a, b AnyWorkflow) int {
-		switch {
-		case a.Version() < b.Version():
-			return -1
-		case a.Version() > b.Version():
-			return 1
-		}
-		return 0
-	})
-	return out
+	return slices.Clone(r.order[name])
 }
 
 // errOtherVersion is the sweep's (and a caller's) answer for a key another
@@ -76,17 +65,29 @@ var errOtherVersion = fmt.Errorf("%w: the key's workflow version runs in another
 
 // notRunnableHere releases row's key, which no definition registered here
 // can run: for another deployment that runs it (the returned error is
-// retryable, and the key rests before the sweep tries it again), or parked
-// for good when no deployed process runs its version or has its recovery
-// point (a non-retryable *PhaseError naming what is missing).
+// retryable, the acquisition is not counted as an attempt, and the key
+// rests before the sweep tries it again), or parked for good when no
+// deployed process runs its version (a non-retryable *PhaseError naming
+// what is missing). A key recorded without a version is never parked so: a
+// release older than versions records none, and may still be running it.
 func (r *Runner) notRunnableHere(ctx context.Context, row *keystore.Row, scope, key string) error {
 	missing, err := r.missingEverywhere(ctx, row)
 	if err != nil {
 		_, uerr := r.release(ctx, scope, key, row.LockToken, err, r.cfg.AttemptBackoff, parkNot, false)
 		return storeError("look up the deployed workflow versions", errors.Join(err, uerr))
 	}
-	if missing == "" {
+	if missing == "" || row.WorkflowVersion == nil {
 		why := fmt.Errorf("%w (workflow %q, %s)", errOtherVersion, row.Workflow, versionText(row))
+		if missing != "" {
+			why = fmt.Errorf("%w: %s", why, missing)
+		}
+		// Not this process's to run: the take is no attempt of the key's.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		uerr := r.store.UndoAttempt(uctx, r.pool, scope, key, row.LockToken)
+		cancel()
+		if uerr != nil {
+			r.logKey(ctx, slog.LevelWarn, "atomicphase: could not uncount a take of another version's key", row.Workflow, scope, key, "error", uerr)
+		}
 		if _, err := r.release(ctx, scope, key, row.LockToken, why, r.cfg.AttemptBackoff, parkNot, false); err != nil {
 			return err
 		}
@@ -113,7 +114,7 @@ func versionText(row *keystore.Row) string {
 // version with its recovery point. This process's versions are recorded
 // first, so they count.
 func (r *Runner) missingEverywhere(ctx context.Context, row *keystore.Row) (string, error) {
-	if err := r.announce(ctx); err != nil {
+	if err := r.announce(ctx); err != nil && !errors.Is(err, keystore.ErrVersionShape) {
 		return "", err
 	}
 	deployed, err := r.store.Deployed(ctx, r.pool, row.Workflow, r.cfg.VersionHorizon)
@@ -136,7 +137,21 @@ func (r *Runner) missingEverywhere(ctx context.Context, row *keystore.Row) (stri
 			return "", nil
 		}
 	}
-	return fmt.Sprintf("no deployed version of workflow %q has the phase %q the key resumes at", row.Workflow, need), nil
+	return fmt.Sprintf("no recorded version of workflow %q has the phase %q the key resumes at", row.Workflow, need), nil
+}
+
+// recordIfNew records the registered versions when one was registered
+// since the last record: the first request of a version in this process
+// records it before any other process can take its keys for another
+// deployment's. One atomic load otherwise. A failure is logged; the
+// request goes on (the sweep records them again).
+func (r *Runner) recordIfNew(ctx context.Context) {
+	if !r.unrecorded.Load() {
+		return
+	}
+	if err := r.announce(ctx); err != nil {
+		r.logKey(ctx, slog.LevelWarn, "atomicphase: could not record the workflow versions this process runs", "", "", "", "error", err)
+	}
 }
 
 // RecordVersions records in the database that this process runs the
@@ -154,13 +169,39 @@ func (r *Runner) RecordVersions(ctx context.Context) error {
 
 // announce records every registered version in the database: each
 // process's heartbeat, on every sweep.
+//
+// A version another process recorded with another phase list (one
+// WorkflowOpts.Version declared for two definitions) is refused here from
+// then on: its keys are left to the process that recorded it first, and Run
+// answers its requests with the error.
 func (r *Runner) announce(ctx context.Context) error {
+	r.unrecorded.Store(false)
+	var errs []error
 	for _, wf := range r.registeredVersions() {
-		if err := r.store.Announce(ctx, r.pool, wf.Name(), wf.Version(), wf.phaseList()); err != nil {
+		err := r.store.Announce(ctx, r.pool, wf.Name(), wf.Version(), wf.shape(), wf.phaseList())
+		switch {
+		case errors.Is(err, keystore.ErrVersionShape):
+			r.mu.Lock()
+			r.conflicts[keystore.VersionRef(wf.Name(), wf.Version())] = fmt.Errorf("atomicphase: %w", err)
+			r.mu.Unlock()
+			errs = append(errs, err)
+		case err != nil:
+			r.unrecorded.Store(true)
 			return err
 		}
 	}
-	return nil
+	return errors.Join(errs...)
+}
+
+// conflict returns the error of a registered version another process
+// recorded with another phase list, or nil.
+func (r *Runner) conflict(wf AnyWorkflow) error {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if len(r.conflicts) == 0 {
+		return nil
+	}
+	return r.conflicts[keystore.VersionRef(wf.Name(), wf.Version())]
 }
 
 // VersionStatus is one workflow version as Runner.Versions reports it: the

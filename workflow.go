@@ -84,6 +84,9 @@ type Workflow[S any] struct {
 	// derived), and phaseNames its phases' names, former names included.
 	version    string
 	phaseNames []string
+	// shapeHash is the derived version, whether or not one was declared:
+	// two definitions that share a declared version must share it.
+	shapeHash string
 }
 
 // step is the state-type-free view of a phase that the Runner executes:
@@ -200,9 +203,10 @@ func NewWorkflow[In, S any](name string, start StartFunc[In, S], phases []Phase[
 		return nil, fmt.Errorf("atomicphase: workflow %q is invalid: %w", name, errors.Join(errs...))
 	}
 	wf.def = wf.describe()
+	wf.shapeHash = wf.derivedVersion()
 	wf.version = opts.Version
 	if wf.version == "" {
-		wf.version = wf.derivedVersion()
+		wf.version = wf.shapeHash
 	} else if err := checkName("workflow version", wf.version); err != nil {
 		return nil, fmt.Errorf("atomicphase: workflow %q is invalid: %w", name, err)
 	}
@@ -267,6 +271,7 @@ func (w *Workflow[S]) Phases() []string {
 
 func (w *Workflow[S]) isNil() bool                               { return w == nil }
 func (w *Workflow[S]) phaseList() []string                       { return w.phaseNames }
+func (w *Workflow[S]) shape() string                             { return w.shapeHash }
 func (w *Workflow[S]) phaseSteps() []step                        { return w.steps }
 func (w *Workflow[S]) keepsFinishedState() bool                  { return w.keepState }
 func (w *Workflow[S]) replayable() map[string]bool               { return w.replayHeaders }
@@ -287,6 +292,7 @@ type AnyWorkflow interface {
 	// Version is the version of the definition (Workflow.Version).
 	Version() string
 	phaseList() []string
+	shape() string
 }
 
 // startStep decodes a request's parameters into In, strictly, runs start and

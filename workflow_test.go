@@ -102,6 +102,7 @@ func TestRenamedPhaseResumesKeysAtItsFormerName(t *testing.T) {
 	}, nil)
 	other, err := atomicphase.NewRunner(b.db.Pool, nil)
 	require.NoError(t, err)
+	retire(t, b) // the processes that ran v1 are gone
 	_, err = other.Run(b.ctx, renamedWithout, req)
 	require.ErrorIs(t, err, atomicphase.ErrPermanent, "an unknown recovery point is no transient error")
 	isParked, why := parked(t, b, "u", "k")

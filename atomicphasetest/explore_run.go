@@ -176,10 +176,6 @@ func (e *explorer) runTrial(plan [][]Fault) (Row, *atomicphase.Response) {
 		}
 	}()
 	panicked := false
-	// lostTake: the previous attempt's take lost its answer; the key must
-	// have been unlocked by its token, so this attempt is not refused as
-	// in progress.
-	lostTake := false
 	for attempt := 1; attempt <= e.sc.MaxAttempts && final == nil; attempt++ {
 		var rules []faultinject.Rule
 		var dup *duplicate
@@ -225,7 +221,10 @@ func (e *explorer) runTrial(plan [][]Fault) (Row, *atomicphase.Response) {
 			panicked = slices.ContainsFunc(rules, func(r faultinject.Rule) bool { return r.Action == faultinject.Panic })
 			row.passed = append(row.passed, inj.Passed())
 			planned(attempt, inj)
-			lostTake = fired(rules, inj, faultinject.LoseTakeAck)
+			if v := e.checkLostTake(ctx, runner, rules, inj); v != nil {
+				row.Outcome, row.Violation = "error: "+fmt.Sprint(lastErr), v
+				return row, nil
+			}
 			continue
 		}
 		// While an attempt may meet a slow call, its client (timed out)
@@ -243,17 +242,15 @@ func (e *explorer) runTrial(plan [][]Fault) (Row, *atomicphase.Response) {
 		if trial.HTTP != nil {
 			trial.HTTP.Disarm() // a drop no request met ends with its attempt
 		}
-		if lostTake && errors.Is(err, atomicphase.ErrInProgress) {
-			row.Outcome = "error: " + err.Error()
-			row.Violation = fmt.Errorf("the key was still locked after the answer to the statement that took it was lost: %w", err)
-			return row, nil
-		}
 		if fired(rules, inj, faultinject.SlowCall) && errors.Is(err, atomicphase.ErrLockLost) {
 			row.Outcome = "error: " + err.Error()
 			row.Violation = fmt.Errorf("the attempt lost its lease during a call slower than the lease (it renews it while the call runs): %w", err)
 			return row, nil
 		}
-		lostTake = fired(rules, inj, faultinject.LoseTakeAck)
+		if v := e.checkLostTake(ctx, runner, rules, inj); v != nil {
+			row.Outcome, row.Violation = "error: "+fmt.Sprint(err), v
+			return row, nil
+		}
 		var pe *panicError
 		panicked = errors.As(err, &pe)
 		row.passed = append(row.passed, inj.Passed())
@@ -306,6 +303,23 @@ func (e *explorer) runTrial(plan [][]Fault) (Row, *atomicphase.Response) {
 	}
 	row.Violation = e.check(ctx, runner, trial, final)
 	return row, final
+}
+
+// checkLostTake checks, right after an attempt whose take lost its answer
+// (and before any lock is aged), that no key is left held: the attempt
+// unlocks the key it may have taken by its token.
+func (e *explorer) checkLostTake(ctx context.Context, runner *atomicphase.Runner, rules []faultinject.Rule, inj *faultinject.Injector) error {
+	if !fired(rules, inj, faultinject.LoseTakeAck) {
+		return nil
+	}
+	held, err := runner.ListKeys(ctx, &atomicphase.KeyFilter{Status: atomicphase.KeyInProgress})
+	if err != nil {
+		return err
+	}
+	if len(held) > 0 {
+		return fmt.Errorf("key %s/%s was left locked after the answer to the statement that took it was lost", held[0].Scope, held[0].Key)
+	}
+	return nil
 }
 
 // fired reports whether a rule with action a fired on the attempt.

@@ -75,7 +75,7 @@ type statements struct {
 	abandoned, unknownWorkflows, reap, reapParked,
 	levels, recentTrouble, page, pageUnfinished, scopeKeys,
 	recordAudit, auditTrail,
-	versionOf, announce, deployed, otherVersions, versionKeys, versions string
+	versionOf, announce, deployed, otherVersions, versionKeys, versions, undoAttempt string
 }
 
 // New returns the Store for schema ("" for the search_path) and lockTimeout.
@@ -115,6 +115,7 @@ func New(schema string, lockTimeout time.Duration) *Store {
 		otherVersions:    r(otherVersionsSQL),
 		versionKeys:      r(versionKeysSQL),
 		versions:         r(versionsSQL),
+		undoAttempt:      r(undoAttemptSQL),
 	}}
 }
 

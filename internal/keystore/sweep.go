@@ -24,7 +24,9 @@ SELECT scope, idempotency_key, workflow FROM (
     FROM /* TEMPLATE: schema */idempotency_keys
     WHERE response_status IS NULL AND parked_at IS NULL
       AND workflow = ANY($1::text[])
-      AND (workflow_version IS NULL OR workflow || chr(31) || workflow_version = ANY($5::text[]))
+      AND CASE WHEN workflow_version IS NULL
+               THEN recovery_point = 'started' OR workflow || chr(31) || coalesce(next_phase, recovery_point) = ANY($6::text[])
+               ELSE workflow || chr(31) || workflow_version = ANY($5::text[]) END
       AND coalesce(/* TEMPLATE: schema */atomicphase_held_until(locked_at, lease_us, call_until, $2) < now(), true)
       AND (next_attempt_at IS NULL OR next_attempt_at <= now())) AS due
 WHERE nth <= $4::bigint
@@ -40,9 +42,11 @@ type Ref struct{ Scope, Key, Workflow string }
 //
 // versions are the workflow versions the caller runs, each written
 // VersionRef(workflow, version): a key of another version is left to the
-// processes that run it.
-func (s *Store) Abandoned(ctx context.Context, db DB, workflows, versions []string, limit, perScope int) ([]Ref, error) {
-	rows, err := db.Query(ctx, s.sql.abandoned, workflows, s.lockTimeoutUS, limit, perScope, versions)
+// processes that run it. phases are the phases (VersionRef(workflow,
+// phase)) the caller's definitions have: a key recorded without a version
+// is picked only when it resumes after one of them, or at the start.
+func (s *Store) Abandoned(ctx context.Context, db DB, workflows, versions, phases []string, limit, perScope int) ([]Ref, error) {
+	rows, err := db.Query(ctx, s.sql.abandoned, workflows, s.lockTimeoutUS, limit, perScope, versions, phases)
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,8 @@ package keystore
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,15 +20,40 @@ func VersionRef(workflow, version string) string { return workflow + "\x1f" + ve
 
 // announceSQL records that a process runs a workflow version, or that it
 // still does.
+// A version recorded with another shape (its phase list) is not touched,
+// and no row is returned.
 const announceSQL = `
-INSERT INTO /* TEMPLATE: schema */atomicphase_workflow_versions AS v (workflow, version, phases)
-VALUES ($1::text, $2::text, $3::text[])
-ON CONFLICT (workflow, version) DO UPDATE SET seen_at = now(), phases = EXCLUDED.phases`
+INSERT INTO /* TEMPLATE: schema */atomicphase_workflow_versions AS v (workflow, version, shape, phases)
+VALUES ($1::text, $2::text, $3::text, $4::text[])
+ON CONFLICT (workflow, version) DO UPDATE SET seen_at = now(), phases = EXCLUDED.phases
+    WHERE v.shape = EXCLUDED.shape
+RETURNING true`
+
+// ErrVersionShape is Announce's error for a version another process
+// recorded with another phase list.
+var ErrVersionShape = errors.New("another process recorded this workflow version with another phase list")
 
 // Announce records that this process runs version of workflow, whose
-// phases are phases.
-func (s *Store) Announce(ctx context.Context, db DB, workflow, version string, phases []string) error {
-	_, err := db.Exec(ctx, s.sql.announce, workflow, version, phases)
+// phases are phases and whose phase list hashes to shape: ErrVersionShape
+// when another process recorded the version with another shape.
+func (s *Store) Announce(ctx context.Context, db DB, workflow, version, shape string, phases []string) error {
+	var ok bool
+	err := db.QueryRow(ctx, s.sql.announce, workflow, version, shape, phases).Scan(&ok)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("workflow %q version %q: %w; declare a new WorkflowOpts.Version for a changed phase list", workflow, version, ErrVersionShape)
+	}
+	return err
+}
+
+// undoAttemptSQL takes back the attempt an acquisition counted, fenced by
+// the lock token: the key was taken by a process that cannot run it.
+const undoAttemptSQL = `
+UPDATE /* TEMPLATE: schema */idempotency_keys SET attempts = attempts - 1
+WHERE scope = $1::text AND idempotency_key = $2::text AND lock_token = $3::bigint AND attempts > 1`
+
+// UndoAttempt takes back the attempt the acquisition under token counted.
+func (s *Store) UndoAttempt(ctx context.Context, db DB, scope, key string, token int64) error {
+	_, err := db.Exec(ctx, s.sql.undoAttempt, scope, key, token)
 	return err
 }
 
