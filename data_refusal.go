@@ -71,8 +71,9 @@ func (a *attempt) answerRefusal(ctx context.Context, phase string, state []byte,
 	if a.wf.keepsFinishedState() {
 		cp.state = state
 	}
-	sql, args, err := a.checkpointQuery(cp)
+	kc, err := a.checkpointOf(cp)
 	if err == nil {
+		sql, args := a.r.store.Checkpoint(kc)
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
 		_, err = a.r.pool.Exec(cctx, sql, args...)

@@ -54,16 +54,29 @@ type checkpoint struct {
 }
 
 // commit stores cp with everything the unit wrote through tx, atomically,
-// in one round trip: whatever waits to be sent (BEGIN, the key's recording,
+// in one round trip: whatever waits to be sent (BEGIN, the key's claim,
 // queued writes), the checkpoint and COMMIT travel as one batch. The
 // checkpoint raises if the lock token moved on, and the server then skips
 // the COMMIT queued behind it, rolling back the unit's writes. When the
 // unit wrote nothing the checkpoint is a single statement. A lost lock is
 // reported as ErrLockLost.
+//
+// A key not recorded yet (its recording rides with this unit) is recorded
+// by the commit instead of checkpointed: one INSERT of the row as the
+// checkpoint leaves it, so the row is written once; ErrNotRecorded when
+// the key was recorded meanwhile by another request (the unit rolls back).
 func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *checkpoint) (err error) {
-	sql, args, err := a.checkpointQuery(cp)
+	kc, err := a.checkpointOf(cp)
 	if err != nil {
 		return err
+	}
+	rec := a.rec
+	var sql string
+	var args []any
+	if rec != nil {
+		sql, args = rec.Final(kc)
+	} else {
+		sql, args = a.r.store.Checkpoint(kc)
 	}
 	if cp.point == RecoveryPointFinished && a.attempts > 1 {
 		// An earlier attempt may have failed: its error goes with the
@@ -88,6 +101,11 @@ func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *c
 			}
 			b.Queue("COMMIT")
 		})
+		if err == nil && rec != nil {
+			if err = rec.ReadFinal(br); err != nil {
+				err = closeAfter(br, err)
+			}
+		}
 		if err == nil {
 			err = br.Close()
 		}
@@ -100,8 +118,8 @@ func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *c
 	return err
 }
 
-// checkpointQuery is the statement that stores cp, and its arguments.
-func (a *attempt) checkpointQuery(cp *checkpoint) (string, []any, error) {
+// checkpointOf is the key store's checkpoint of cp.
+func (a *attempt) checkpointOf(cp *checkpoint) (*keystore.Checkpoint, error) {
 	kc := keystore.Checkpoint{Scope: a.scope, Key: a.key, Token: a.token, Point: cp.point, State: cp.state}
 	if cp.jumpTarget != "" {
 		kc.JumpTarget = &cp.jumpTarget
@@ -111,12 +129,11 @@ func (a *attempt) checkpointQuery(cp *checkpoint) (string, []any, error) {
 		if len(resp.Header) > 0 {
 			b, err := json.Marshal(resp.Header)
 			if err != nil {
-				return "", nil, Permanent(fmt.Errorf("encode response header: %w", err))
+				return nil, Permanent(fmt.Errorf("encode response header: %w", err))
 			}
 			h := string(b)
 			kc.Header = &h
 		}
 	}
-	sql, args := a.r.store.Checkpoint(&kc)
-	return sql, args, nil
+	return &kc, nil
 }

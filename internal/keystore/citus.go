@@ -40,6 +40,8 @@ var citusFunctions = []struct {
 	{"atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer, bigint)", true},
 	{"atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer, bigint, text)", true},
 	{"atomicphase_checkpoint(text, text, bigint, text, text, bytea, integer, jsonb, bytea)", true},
+	{"atomicphase_claim(text, text)", true},
+	{"atomicphase_record_unit(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)", true},
 }
 
 // CitusDistribution returns the statements that distribute the key table

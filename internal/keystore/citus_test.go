@@ -206,7 +206,8 @@ func TestFunctionsAreCitusCompatible(t *testing.T) {
 	distributed = slices.Compact(distributed) // overloads
 	require.Equal(t, scoped, distributed, "every function with a scope argument is distributed by it, and only those")
 	for _, f := range citusFunctions {
-		inTx := strings.HasPrefix(f.signature, "atomicphase_record(") || strings.HasPrefix(f.signature, "atomicphase_checkpoint(")
+		inTx := strings.HasPrefix(f.signature, "atomicphase_record(") || strings.HasPrefix(f.signature, "atomicphase_checkpoint(") ||
+			strings.HasPrefix(f.signature, "atomicphase_claim(") || strings.HasPrefix(f.signature, "atomicphase_record_unit(")
 		require.Equal(t, inTx, f.force, "%s: force_delegation exactly for the functions called inside a phase's transaction", f.signature)
 	}
 	var objects []string

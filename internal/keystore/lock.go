@@ -148,12 +148,32 @@ func (s *Store) Peek(ctx context.Context, db DB, scope, key, workflow string, fi
 const recordSQL = `SELECT downstream_salt::text FROM /* TEMPLATE: schema */atomicphase_record(
 	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bytea, $8::bigint, NULL::integer, $9::bigint, $10::text)`
 
-// Recording is a new key's recording, sent at the head of the first unit's
-// transaction (Queue) and read back from its batch (Read), or sent again on
-// its own (RecordAgain) when that transaction did not commit.
+// claimSQL claims a new key for the transaction that will record it: the
+// advisory lock a recording holds (see atomicphase_claim), raising
+// RecordingInFlightCode when another transaction holds it.
+const claimSQL = `SELECT /* TEMPLATE: schema */atomicphase_claim($1::text, $2::text)`
+
+// recordUnitSQL records a new key at the commit of its first unit, with the
+// unit's checkpoint (see atomicphase_record_unit): the row is written once.
+const recordUnitSQL = `SELECT downstream_salt::text FROM /* TEMPLATE: schema */atomicphase_record_unit(
+	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bigint, $8::bigint, $9::text,
+	$10::text, $11::text, $12::bytea, $13::integer, $14::jsonb, $15::bytea)`
+
+// RecordedMeanwhileCode is the SQLSTATE atomicphase_record_unit raises when
+// the key exists.
+const RecordedMeanwhileCode = "AP003"
+
+// Recording is a new key's recording: claimed at the head of the first
+// unit's transaction (Queue, Read), inserted with the unit's checkpoint at
+// its commit (Final, ReadFinal), or sent again on its own (RecordAgain)
+// when that transaction did not commit.
 type Recording struct {
 	sql  string
 	args []any
+	// claim and final are the claim's and the final insert's statements.
+	claim, final string
+	req          *Request
+	lease        any
 	// Sent and Recorded say how its latest sending went: Recorded is
 	// false when the key existed.
 	Sent, Recorded bool
@@ -171,28 +191,52 @@ var ErrNotRecorded = errors.New("atomicphase: the key was recorded meanwhile")
 // NewRecording makes the recording of req's key (req.MaxUnfinished is not
 // applied: a recording that rides in a transaction is not counted).
 func (s *Store) NewRecording(req *Request) *Recording {
-	return &Recording{sql: s.sql.record,
+	return &Recording{sql: s.sql.record, claim: s.sql.claim, final: s.sql.recordUnit, req: req, lease: s.lockTimeoutArg,
 		args: []any{req.Scope, req.Key, req.Workflow, req.Fingerprint, req.Method, req.Path, req.State, req.Token, s.lockTimeoutArg, req.Version}}
 }
 
-// Queue adds the recording to b.
+// Queue adds the recording's claim to b, at the head of the transaction.
 func (rec *Recording) Queue(b *pgx.Batch) {
-	b.Queue(rec.sql, rec.args...)
+	b.Queue(rec.claim, rec.req.Scope, rec.req.Key)
 }
 
-// Read reads the recording's answer from br: ErrNotRecorded when the key
-// existed.
+// Read reads the claim's answer from br: an error raising
+// RecordingInFlightCode when another transaction is recording the key.
 func (rec *Recording) Read(br pgx.BatchResults) error {
 	rec.Sent, rec.Recorded = true, false
-	err := br.QueryRow().Scan(&rec.Salt)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return ErrNotRecorded
-	case err != nil:
+	if _, err := br.Exec(); err != nil {
 		return err
 	}
-	rec.Recorded = true
+	rec.Recorded = true // claimed: the commit records the key
 	return nil
+}
+
+// Final returns the statement that records the key with cp at the commit
+// of its first unit, in place of cp's checkpoint, and its arguments.
+func (rec *Recording) Final(cp *Checkpoint) (sql string, args []any) {
+	r := rec.req
+	args = []any{r.Scope, r.Key, r.Workflow, r.Fingerprint, r.Method, r.Path, r.Token, rec.lease, r.Version,
+		cp.Point, cp.JumpTarget, cp.State, nil, nil, nil}
+	if cp.Status != nil {
+		body := cp.Body
+		if body == nil {
+			body = []byte{}
+		}
+		args[12], args[13], args[14] = *cp.Status, cp.Header, body
+	}
+	return rec.final, args
+}
+
+// ReadFinal reads the final insert's answer from br: ErrNotRecorded when
+// the key existed (the transaction then rolls back).
+func (rec *Recording) ReadFinal(br pgx.BatchResults) error {
+	err := br.QueryRow().Scan(&rec.Salt)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == RecordedMeanwhileCode {
+		rec.Recorded = false
+		return ErrNotRecorded
+	}
+	return err
 }
 
 // RecordAgain sends the recording on its own, outside any transaction:

@@ -37,6 +37,8 @@ var schemaObjects = []struct{ kind, name string }{
 	{"column", "idempotency_keys.workflow_version"},
 	{"function", "atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer, text)"},
 	{"function", "atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer, bigint, text)"},
+	{"function", "atomicphase_claim(text, text)"},
+	{"function", "atomicphase_record_unit(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)"},
 }
 
 const checkSchemaSQL = `

@@ -75,7 +75,8 @@ type statements struct {
 	abandoned, unknownWorkflows, reap, reapParked,
 	levels, recentTrouble, page, pageUnfinished, scopeKeys,
 	recordAudit, auditTrail,
-	versionOf, announce, deployed, otherVersions, versionKeys, versions, undoAttempt string
+	versionOf, announce, deployed, otherVersions, versionKeys, versions, undoAttempt,
+	claim, recordUnit string
 }
 
 // New returns the Store for schema ("" for the search_path) and lockTimeout.
@@ -116,6 +117,8 @@ func New(schema string, lockTimeout time.Duration) *Store {
 		versionKeys:      r(versionKeysSQL),
 		versions:         r(versionsSQL),
 		undoAttempt:      r(undoAttemptSQL),
+		claim:            r(claimSQL),
+		recordUnit:       r(recordUnitSQL),
 	}}
 }
 
