@@ -1,0 +1,4 @@
+package keystore
+
+// PeekSQL is the replay's read, for the plan test.
+const PeekSQL = peekSQL
