@@ -16,18 +16,7 @@ import (
 // versionsWorkflow builds workflow "w" with the given local phases, the
 // last responding 200 with the phases the key ran, in commits of their own.
 func versionsWorkflow(phases ...string) *atomicphase.Workflow[revSt] {
-	var ps []atomicphase.Phase[revSt]
-	for i, name := range phases {
-		last := i == len(phases)-1
-		ps = append(ps, atomicphase.Local(name, func(_ context.Context, _ atomicphase.Tx, s *revSt) (atomicphase.Outcome, error) {
-			s.Name += "," + name
-			if last {
-				return atomicphase.Respond(200, []byte(s.Name)), nil
-			}
-			return atomicphase.Continue(), nil
-		}))
-	}
-	return atomicphase.MustWorkflow("w", revStart, ps, &atomicphase.WorkflowOpts{CommitEachPhase: true})
+	return atomicphase.MustWorkflow("w", revStart, phasesOf(phases...), &atomicphase.WorkflowOpts{CommitEachPhase: true})
 }
 
 // strand leaves key recorded under wf, stopped after its phase at (its
@@ -419,6 +408,8 @@ func TestOneDeclaredVersionWithTwoPhaseListsIsRefused(t *testing.T) {
 	require.Equal(t, "b", info.RecoveryPoint, "nothing of build A's key ran under build B")
 }
 
+// phasesOf builds local phases named phases, the last responding 200 with
+// the phases the key ran.
 func phasesOf(phases ...string) []atomicphase.Phase[revSt] {
 	var ps []atomicphase.Phase[revSt]
 	for i, name := range phases {
