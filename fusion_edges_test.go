@@ -522,3 +522,77 @@ func TestReviewASwallowingDuplicateOfAFinishedKeyReplays(t *testing.T) {
 	require.Equal(t, r1.Body, r2.Body)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
 }
+
+// lateWorkflow is first → charge (its record step runs record) → finish.
+func lateWorkflow(first, record func(ctx context.Context, tx atomicphase.Tx) error) *atomicphase.Workflow[struct{}] {
+	return atomicphase.MustWorkflow("late", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
+		atomicphase.Local("first", func(ctx context.Context, tx atomicphase.Tx, _ *struct{}) (atomicphase.Outcome, error) {
+			return atomicphase.Continue(), first(ctx, tx)
+		}),
+		atomicphase.Foreign("charge", func(ctx context.Context, call *atomicphase.ForeignCall, _ *struct{}) error {
+			return call.Do(ctx, func(context.Context, string) error { return nil })
+		}, func(ctx context.Context, tx atomicphase.Tx, _ *struct{}) (atomicphase.Outcome, error) {
+			return atomicphase.Continue(), record(ctx, tx)
+		}),
+		atomicphase.Local("finish", func(context.Context, atomicphase.Tx, *struct{}) (atomicphase.Outcome, error) {
+			return atomicphase.Respond(201, []byte("done")), nil
+		}),
+	}, nil)
+}
+
+// A duplicate that looked before the first request recorded the key, and
+// claims it after that request committed, is answered at once: its claim
+// sees the key, and its first unit runs nothing (it does not run against
+// the rows the first request then holds, on a pooled connection).
+func TestDuplicateThatClaimsAfterTheHolderCommittedAnswersAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	_, err := b.db.Pool.Exec(b.ctx, `INSERT INTO effects (scope, key, phase) VALUES ('u', 'acct', 'acct')`)
+	require.NoError(t, err)
+	dRunner, err := atomicphase.NewRunner(b.db.Pool, nil) // another process
+	require.NoError(t, err)
+	dEntered, dGo, oHolds, oGo := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
+	oWF := lateWorkflow(func(ctx context.Context, tx atomicphase.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT 1`)
+		return err
+	}, func(ctx context.Context, tx atomicphase.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE effects SET note = 'o' WHERE phase = 'acct'`); err != nil {
+			return err
+		}
+		close(oHolds)
+		<-oGo
+		return nil
+	})
+	dWF := lateWorkflow(func(ctx context.Context, tx atomicphase.Tx) error {
+		close(dEntered)
+		<-dGo
+		if _, err := tx.Exec(ctx, `SELECT 1`); err != nil { // the claim rides here
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE effects SET note = 'd' WHERE phase = 'acct'`)
+		return err
+	}, func(context.Context, atomicphase.Tx) error { return nil })
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/l"}
+
+	dDone := make(chan error, 1)
+	go func() { _, err := dRunner.Run(b.ctx, dWF, req); dDone <- err }() // peeks: absent
+	<-dEntered
+	oDone := make(chan error, 1)
+	go func() { _, err := b.runner.Run(b.ctx, oWF, req); oDone <- err }()
+	<-oHolds // the key is committed; the record step holds the row
+	close(dGo)
+	select {
+	case err := <-dDone:
+		require.ErrorIs(t, err, atomicphase.ErrInProgress)
+	case <-time.After(10 * time.Second):
+		close(oGo)
+		<-dDone
+		require.NoError(t, <-oDone)
+		t.Fatal("the duplicate was not answered: it ran its first unit against a key another request holds")
+	}
+	close(oGo)
+	require.NoError(t, <-oDone)
+	var note string
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT note FROM effects WHERE phase = 'acct'`).Scan(&note))
+	require.Equal(t, "o", note)
+}

@@ -1371,13 +1371,22 @@ $$;
 -- atomicphase_claim takes the transaction-scoped advisory lock a new key's
 -- recording holds until its transaction ends (the lock atomicphase_record
 -- and atomicphase_acquire take), or raises AP002 at once when another
--- transaction holds it: a duplicate of a new key in flight.
+-- transaction holds it (a duplicate of a new key in flight), or AP003 when
+-- the key was recorded since the caller looked: either way the caller's
+-- unit runs nothing, and the request goes on as an existing key's.
 CREATE FUNCTION atomicphase_claim(p_scope text, p_key text)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     IF NOT pg_try_advisory_xact_lock(hashtextextended(p_scope || chr(31) || p_key, 7)) THEN
         RAISE EXCEPTION 'idempotency key % is being recorded by another request', p_key
             USING ERRCODE = 'AP002';
+    END IF;
+    -- Every recording holds the lock until it commits: once it is ours, a
+    -- key recorded before shows in this statement's snapshot.
+    IF EXISTS (SELECT 1 FROM idempotency_keys k
+               WHERE k.scope = p_scope AND k.idempotency_key = p_key) THEN
+        RAISE EXCEPTION 'idempotency key % was recorded by another request meanwhile', p_key
+            USING ERRCODE = 'AP003';
     END IF;
 END
 $$;
