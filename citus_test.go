@@ -71,11 +71,13 @@ func TestMigrateDistributesOnCitus(t *testing.T) {
 		return got
 	}
 	want := []string{
-		"atomicphase_acquire by p_scope", "atomicphase_admit by p_scope", "atomicphase_checkpoint by p_scope, forced",
-		"atomicphase_record by p_scope, forced", "atomicphase_record_resolution by p_scope",
+		"atomicphase_acquire by p_scope", "atomicphase_admit by p_scope", "atomicphase_admit by p_scope",
+		"atomicphase_checkpoint by p_scope, forced", "atomicphase_claim by p_scope, forced",
+		"atomicphase_record by p_scope, forced", "atomicphase_record by p_scope, forced", "atomicphase_record by p_scope, forced",
+		"atomicphase_record_resolution by p_scope", "atomicphase_record_unit by p_scope, forced",
 		"atomicphase_record_verdict by p_scope",
-		"atomicphase_release by p_scope", "atomicphase_resolve by p_scope", "atomicphase_take by p_scope",
-		"atomicphase_unpark by p_scope",
+		"atomicphase_release by p_scope", "atomicphase_release by p_scope", "atomicphase_renew by p_scope",
+		"atomicphase_take by p_scope", "atomicphase_unpark by p_scope",
 	}
 	require.Equal(t, want, distribution(), "every function with a scope argument, colocated with the key table")
 
@@ -218,7 +220,8 @@ func TestRequestRunsOnOneWorkerOnCitus(t *testing.T) {
 	}
 	require.Equal(t, []string{worker}, nodesOf(sent), "every statement went to the worker of the scope's shard")
 	require.Zero(t, countMatching(sent, `^PREPARE TRANSACTION`), "no two-phase commit")
-	require.Equal(t, 1, countMatching(sent, `atomicphase_record\(`), "the recording is delegated, inside the first phase's transaction")
+	require.Equal(t, 1, countMatching(sent, `atomicphase_claim\(`), "the key's claim is delegated, at the head of the first phase's transaction")
+	require.Equal(t, 1, countMatching(sent, `atomicphase_record_unit\(`), "the recording is delegated, with the first phase's commit")
 	require.NotZero(t, countMatching(sent, `atomicphase_checkpoint\(`), "the checkpoints are delegated")
 	require.Zero(t, countMatching(sent, `(?i)^(UPDATE|INSERT INTO|DELETE FROM) \S*idempotency_keys`),
 		"the coordinator writes the key table only through functions that run on the worker, with its clock")
