@@ -56,6 +56,7 @@ type options struct {
 	clients     []int
 	replayKeys  int
 	cpuprofile  string
+	memprofile  string
 	pgss        bool
 	diagClients int
 }
@@ -70,6 +71,7 @@ func parseFlags(args []string, errOut io.Writer) (*options, error) {
 	fs.IntVar(&o.rounds, "rounds", 5, "how many rounds; each runs every design at every concurrency")
 	fs.IntVar(&o.replayKeys, "replay-keys", 2000, "how many finished keys the replay designs read")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "after the rounds, run each design at -diag-clients clients once more and write this process's CPU profile of atomicphase (b) to `FILE`, and of (a), (c) and (d) to FILE with -handwritten, -replay and -pkselect before its extension")
+	fs.StringVar(&o.memprofile, "memprofile", "", "like -cpuprofile, for the heap allocations of each design's extra run (go tool pprof -sample_index=alloc_objects FILE)")
 	fs.BoolVar(&o.pgss, "pgss", false, "enable pg_stat_statements and, after the rounds, print each design's top statements by total time at -diag-clients clients")
 	fs.IntVar(&o.diagClients, "diag-clients", 8, "the concurrency of the -cpuprofile and -pgss runs")
 	if err := fs.Parse(args); err != nil {
@@ -198,7 +200,7 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 	fmt.Fprintf(out, "\nall %d measurements verified: one ride, one charge (database and payment API) and one outbox row per answered request; no unfinished key\n", cells)
 	rs.print(out, o.clients, b.designs)
 
-	if o.cpuprofile != "" || o.pgss {
+	if o.cpuprofile != "" || o.memprofile != "" || o.pgss {
 		if err := diagnose(ctx, out, b, o); err != nil {
 			return err
 		}
@@ -215,14 +217,31 @@ func diagnose(ctx context.Context, out io.Writer, b *bench, o *options) error {
 	for _, d := range b.designs {
 		h := &hooks{}
 		var profile *os.File
+		var walStart string
 		file := ""
 		if o.cpuprofile != "" {
 			file = profileFile(o.cpuprofile, d.code)
+		}
+		memFile := ""
+		if o.memprofile != "" {
+			memFile = profileFile(o.memprofile, d.code)
 		}
 		h.before = func() error {
 			if o.pgss {
 				if _, err := b.admin.Exec(ctx, "SELECT pg_stat_statements_reset()"); err != nil {
 					return fmt.Errorf("-pgss: %w", err)
+				}
+				if err := b.admin.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&walStart); err != nil {
+					return fmt.Errorf("-pgss: %w", err)
+				}
+			}
+			if memFile != "" {
+				// Every allocation sampled, from here: the profile's
+				// alloc_objects are this run's allocations.
+				runtime.MemProfileRate = 1
+				runtime.GC()
+				if err := writeHeapProfile(memFile + ".before"); err != nil {
+					return err
 				}
 			}
 			if file != "" {
@@ -247,11 +266,23 @@ func diagnose(ctx context.Context, out io.Writer, b *bench, o *options) error {
 			}
 			fmt.Fprintf(out, "\n(%s) %s: %.0f req/s, %.2f round trips and %.2f commits per request\n",
 				d.code, d.name, res.perSecond(), float64(res.counts.trips)/float64(res.requests), float64(res.counts.commits)/float64(res.requests))
+			if memFile != "" {
+				runtime.GC()
+				err := writeHeapProfile(memFile)
+				runtime.MemProfileRate = 512 * 1024
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(out, "  allocations: go tool pprof -sample_index=alloc_objects -base %s.before -top %s\n", memFile, memFile)
+			}
 			if file != "" {
 				fmt.Fprintf(out, "  CPU profile: %s (go tool pprof -top %s)\n", file, file)
 			}
 			if o.pgss {
-				return pgssTop(ctx, out, b.admin, res, 8)
+				if err := pgssTop(ctx, out, b.admin, res, 8); err != nil {
+					return err
+				}
+				return walTop(ctx, out, b.admin, walStart, res, 8)
 			}
 			return nil
 		}
@@ -264,6 +295,20 @@ func diagnose(ctx context.Context, out io.Writer, b *bench, o *options) error {
 		}
 	}
 	return nil
+}
+
+// writeHeapProfile writes the heap profile (allocations since the
+// program started, sampled at runtime.MemProfileRate) to file.
+func writeHeapProfile(file string) error {
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // roundOrder is the order the designs run in, in round r (from 1): each

@@ -175,3 +175,48 @@ func pgssTop(ctx context.Context, out io.Writer, admin *pgxpool.Pool, res *cellR
 	fmt.Fprintf(out, "  server execution time, all statements: %.3fms per request\n", total/req)
 	return nil
 }
+
+// walTop prints the WAL the server wrote since the position start, by
+// record type, per request: what pg_walinspect's pg_get_wal_stats
+// reports, largest first, with full-page images apart. It prints one line
+// instead when the server has no pg_walinspect (before PostgreSQL 15).
+func walTop(ctx context.Context, out io.Writer, admin *pgxpool.Pool, start string, res *cellResult, limit int) error {
+	if _, err := admin.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_walinspect"); err != nil {
+		fmt.Fprintf(out, "  WAL by record type: unavailable (pg_walinspect: %v)\n", err)
+		return nil
+	}
+	rows, err := admin.Query(ctx, `
+		SELECT "resource_manager/record_type", count, record_size, fpi_size
+		FROM pg_get_wal_stats($1::pg_lsn, pg_current_wal_flush_lsn(), true)
+		WHERE count > 0 ORDER BY combined_size DESC`, start)
+	if err != nil {
+		// pg_walinspect reads WAL files: superusers and pg_read_server_files only.
+		fmt.Fprintf(out, "  WAL by record type: unavailable (%v)\n", err)
+		return nil
+	}
+	defer rows.Close()
+	req := float64(res.requests)
+	fmt.Fprintf(out, "  %-26s %9s %12s %12s\n", "WAL record type", "recs/req", "record B/req", "FPI B/req")
+	shown := 0
+	var recTotal, fpiTotal float64
+	for rows.Next() {
+		var kind string
+		var n, rec, fpi int64
+		if err := rows.Scan(&kind, &n, &rec, &fpi); err != nil {
+			return err
+		}
+		recTotal += float64(rec)
+		fpiTotal += float64(fpi)
+		if shown >= limit {
+			continue
+		}
+		shown++
+		fmt.Fprintf(out, "  %-26s %9.2f %12.0f %12.0f\n", kind, float64(n)/req, float64(rec)/req, float64(fpi)/req)
+	}
+	if err := rows.Err(); err != nil {
+		fmt.Fprintf(out, "  WAL by record type: unavailable (%v)\n", err)
+		return nil
+	}
+	fmt.Fprintf(out, "  WAL, all records: %.0f B of records and %.0f B of full-page images per request\n", recTotal/req, fpiTotal/req)
+	return nil
+}
