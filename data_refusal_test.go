@@ -81,7 +81,9 @@ func TestForeignKeyViolationIsAFinal422(t *testing.T) {
 	require.NoError(t, json.Unmarshal(first.Body, &problem))
 	require.Equal(t, atomicphase.ProblemInvalidData, problem["type"])
 	require.Equal(t, "23503", problem["sqlstate"])
-	require.Equal(t, "orders", problem["table"])
+	if !atomicphasetest.OnCitus() { // a worker's error reaches the client without the table's name
+		require.Equal(t, "orders", problem["table"])
+	}
 	for range 30 {
 		resp, err := b.runner.Run(b.ctx, wf, req)
 		require.NoError(t, err)

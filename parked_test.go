@@ -52,7 +52,7 @@ func TestSweepReapsParkedKeysAfterTheirRetention(t *testing.T) {
 		}
 	})})
 	parkKeys(t, b, "w", map[string]string{"old": "bad account", "young": "bad account"})
-	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET parked_at = parked_at - interval '2 hours' WHERE idempotency_key = 'old'`)
+	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET parked_at = now() - interval '2 hours' WHERE idempotency_key = 'old'`)
 	require.NoError(t, err)
 	s := newSweeper(t, b, &atomicphase.SweepConfig{ParkedRetention: time.Hour})
 	res, err := s.RunOnce(b.ctx)
@@ -66,7 +66,7 @@ func TestSweepReapsParkedKeysAfterTheirRetention(t *testing.T) {
 	require.Equal(t, atomicphase.KeyParked, info.Status)
 
 	never := newSweeper(t, b, &atomicphase.SweepConfig{ParkedRetention: -1})
-	_, err = b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET parked_at = parked_at - interval '30 days'`)
+	_, err = b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET parked_at = now() - interval '30 days'`)
 	require.NoError(t, err)
 	res, err = never.RunOnce(b.ctx)
 	require.NoError(t, err)

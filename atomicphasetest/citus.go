@@ -437,11 +437,26 @@ func setUpCitus(ctx context.Context, dbURL string, opts *Options) error {
 	if opts.SkipMigrations {
 		colocate = "default"
 	}
-	for _, table := range tables {
-		if _, err := pool.Exec(ctx, "SELECT create_distributed_table($1, $2, colocate_with := $3)",
-			table, opts.Distribute[table], colocate); err != nil {
-			return fmt.Errorf("distribute %s by %s: %w", table, opts.Distribute[table], err)
+	// A table that references another by a foreign key is distributed
+	// after it (Citus refuses it before): in passes, each retrying the
+	// tables the one before could not distribute, until a pass makes no
+	// progress.
+	for len(tables) > 0 {
+		var left []string
+		var firstErr error
+		for _, table := range tables {
+			if _, err := pool.Exec(ctx, "SELECT create_distributed_table($1, $2, colocate_with := $3)",
+				table, opts.Distribute[table], colocate); err != nil {
+				left = append(left, table)
+				if firstErr == nil {
+					firstErr = fmt.Errorf("distribute %s by %s: %w", table, opts.Distribute[table], err)
+				}
+			}
 		}
+		if len(left) == len(tables) {
+			return firstErr
+		}
+		tables = left
 	}
 	return nil
 }
