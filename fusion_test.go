@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,9 +20,22 @@ import (
 // commitCounter is a pgx tracer counting commits: COMMIT statements, and
 // writing statements sent outside a transaction block (each its own
 // transaction).
-type commitCounter struct{ n atomic.Int64 }
+// commitCounter counts commits: a COMMIT, a write sent alone outside a
+// transaction block, and a batch sent outside one that writes (its
+// implicit transaction commits when the batch ends).
+type commitCounter struct {
+	n atomic.Int64
+	// begins counts the BEGINs sent in batches.
+	begins atomic.Int64
+	// implicit is, per connection, whether the batch it is sending runs
+	// outside a transaction block and writes.
+	mu       sync.Mutex
+	implicit map[*pgx.Conn]*implicitBatch
+}
 
-var writes = regexp.MustCompile(`(?i)^\s*(INSERT|UPDATE|DELETE)\b|atomicphase_(acquire|admit|checkpoint)\(`)
+type implicitBatch struct{ inBlock, writes bool }
+
+var writes = regexp.MustCompile(`(?i)^\s*(INSERT|UPDATE|DELETE)\b|atomicphase_(acquire|admit|checkpoint|record_unit)\(`)
 
 func (c *commitCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	if d.SQL == "COMMIT" || (conn.PgConn().TxStatus() == 'I' && writes.MatchString(d.SQL)) {
@@ -30,15 +44,38 @@ func (c *commitCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d p
 	return ctx
 }
 func (c *commitCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *commitCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+func (c *commitCounter) TraceBatchStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.implicit == nil {
+		c.implicit = map[*pgx.Conn]*implicitBatch{}
+	}
+	c.implicit[conn] = &implicitBatch{inBlock: conn.PgConn().TxStatus() != 'I'}
 	return ctx
 }
-func (c *commitCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
-	if d.SQL == "COMMIT" {
+func (c *commitCounter) TraceBatchQuery(_ context.Context, conn *pgx.Conn, d pgx.TraceBatchQueryData) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.implicit[conn]
+	switch {
+	case d.SQL == "COMMIT":
 		c.n.Add(1)
+		b.inBlock = false
+	case strings.HasPrefix(strings.ToLower(d.SQL), "begin"):
+		c.begins.Add(1)
+		b.inBlock = true
+	case !b.inBlock && d.Err == nil && writes.MatchString(d.SQL):
+		b.writes = true
 	}
 }
-func (c *commitCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+func (c *commitCounter) TraceBatchEnd(_ context.Context, conn *pgx.Conn, d pgx.TraceBatchEndData) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if b := c.implicit[conn]; b != nil && b.writes && d.Err == nil {
+		c.n.Add(1)
+	}
+	delete(c.implicit, conn)
+}
 
 // fusedState is the state of fusedWorkflow.
 type fusedState struct {
@@ -313,5 +350,61 @@ func TestDuplicateDoesNotWaitForTheFusedTransaction(t *testing.T) {
 	require.Equal(t, int32(1), total)
 	for _, phase := range []string{"prepare", "reserve", "charge", "finish"} {
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE phase = $1`, phase), phase)
+	}
+}
+
+// A unit whose statements were all queued goes as one batch. On one
+// PostgreSQL it goes without BEGIN and COMMIT: the batch's implicit
+// transaction commits the key's recording, the phase's writes and the
+// recovery point together, and a statement that fails in it rolls back all
+// of it. On Citus, where the statements of such a batch would commit one
+// by one, it is sent inside BEGIN and COMMIT.
+func TestQueuedUnitCommitsAsOneBatch(t *testing.T) {
+	t.Parallel()
+	commits := &commitCounter{}
+	opts := *testDBOpts
+	opts.PoolConfig = func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = commits }
+	db := atomicphasetest.NewDB(t, &opts)
+	runner, err := atomicphase.NewRunner(db.Pool, nil)
+	require.NoError(t, err)
+	b := &testBundle{db: db, runner: runner, ctx: context.Background()}
+	type st struct{}
+	var fail atomic.Bool
+	wf := atomicphase.MustWorkflow("batched", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("write", func(ctx context.Context, tx atomicphase.Tx, _ *st) (atomicphase.Outcome, error) {
+			tx.Queue(`INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'one')`)
+			if fail.Load() {
+				// A transient failure after the write: retryable, nothing stored.
+				tx.Queue(`DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = '40001'; END $$`)
+			}
+			tx.Queue(`INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'two')`)
+			return atomicphase.Respond(201, []byte("done")), nil
+		}),
+	}, nil)
+	require.NoError(t, runner.Register(wf))
+	require.NoError(t, runner.RecordVersions(b.ctx))
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/b"}
+
+	fail.Store(true)
+	_, err = runner.Run(b.ctx, wf, req)
+	require.Error(t, err)
+	require.True(t, atomicphase.Retryable(err), "%v", err)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM effects`), "the write before the failure rolled back with it")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM idempotency_keys WHERE recovery_point <> 'started'`),
+		"and so did the recovery point: the failed attempt's key is recorded at the start")
+
+	fail.Store(false)
+	commits.n.Store(0)
+	commits.begins.Store(0)
+	req.Key = "fresh" // a new key: recorded with the unit
+	resp, err := runner.Run(b.ctx, wf, req)
+	require.NoError(t, err)
+	require.Equal(t, 201, resp.Status)
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, int64(1), commits.n.Load(), "one commit")
+	if atomicphasetest.OnCitus() {
+		require.Equal(t, int64(1), commits.begins.Load(), "on Citus, inside BEGIN and COMMIT")
+	} else {
+		require.Zero(t, commits.begins.Load(), "on one PostgreSQL, without BEGIN")
 	}
 }

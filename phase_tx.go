@@ -174,8 +174,29 @@ func (t *phaseTx) end(err error) error {
 // tail's and returns the batch positioned at tail's first result, for the
 // caller to read and close.
 func (t *phaseTx) send(ctx context.Context, tail func(*pgx.Batch)) (pgx.BatchResults, error) {
+	return t.sendBatch(ctx, true, tail)
+}
+
+// implicit reports whether the transaction may be sent whole as one batch
+// without BEGIN and COMMIT, committed by the batch's implicit transaction:
+// nothing was sent yet, it has the server's default isolation, and Conn
+// was never handed out (the guard needs a transaction block).
+func (t *phaseTx) implicit() bool {
+	return t.tx == nil && t.opts.IsoLevel == "" && !t.guard
+}
+
+// sendLast sends the transaction's last batch: as send does, or, when
+// implicitly, without BEGIN (the caller then queues no COMMIT): the
+// batch's statements run in one implicit transaction, which the server
+// commits after the last of them, or rolls back whole when one fails. One
+// PostgreSQL only: see keystore.Store.OnCitus.
+func (t *phaseTx) sendLast(ctx context.Context, implicitly bool, tail func(*pgx.Batch)) (pgx.BatchResults, error) {
+	return t.sendBatch(ctx, !implicitly, tail)
+}
+
+func (t *phaseTx) sendBatch(ctx context.Context, mayBegin bool, tail func(*pgx.Batch)) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
-	begin := t.tx == nil
+	begin := t.tx == nil && mayBegin
 	if begin {
 		b.BeginTx(t.opts)
 	}

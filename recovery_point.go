@@ -57,9 +57,12 @@ type checkpoint struct {
 // in one round trip: whatever waits to be sent (BEGIN, the key's claim,
 // queued writes), the checkpoint and COMMIT travel as one batch. The
 // checkpoint raises if the lock token moved on, and the server then skips
-// the COMMIT queued behind it, rolling back the unit's writes. When the
-// unit wrote nothing the checkpoint is a single statement. A lost lock is
-// reported as ErrLockLost.
+// the COMMIT queued behind it, rolling back the unit's writes. A unit that
+// sent nothing before (every statement queued) goes, on one PostgreSQL,
+// without BEGIN and COMMIT: the batch's implicit transaction commits it
+// whole or, when the checkpoint raises, not at all. When the unit wrote
+// nothing the checkpoint is a single statement. A lost lock is reported as
+// ErrLockLost.
 //
 // A key not recorded yet (its recording rides with this unit) is recorded
 // by the commit instead of checkpointed: one INSERT of the row as the
@@ -93,13 +96,20 @@ func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *c
 		}
 	}()
 	if tx.begun() || tx.pending() {
+		// A unit that sent nothing yet (its statements were all queued)
+		// goes as one batch; on one PostgreSQL without BEGIN and COMMIT,
+		// two statements fewer, its implicit transaction committing all
+		// of it or none.
+		implicitly := tx.implicit() && a.r.implicitCommits.Load()
 		var br pgx.BatchResults
-		br, err = tx.send(ctx, func(b *pgx.Batch) {
+		br, err = tx.sendLast(ctx, implicitly, func(b *pgx.Batch) {
 			b.Queue(sql, args...)
 			if tx.guard {
 				b.Queue(guardClose)
 			}
-			b.Queue("COMMIT")
+			if !implicitly {
+				b.Queue("COMMIT")
+			}
 		})
 		if err == nil && rec != nil {
 			if err = rec.ReadFinal(br); err != nil {

@@ -32,6 +32,12 @@ type Runner struct {
 	// conflicts are the registered versions another process recorded with
 	// another phase list, by VersionRef: refused here.
 	conflicts map[string]error
+	// implicitCommits is set once the database is known to commit the
+	// statements of one batch sent without BEGIN together (one
+	// PostgreSQL, not Citus): a unit that has sent nothing before its
+	// commit then goes without BEGIN and COMMIT (see attempt.commit).
+	// Unset, every unit is sent inside BEGIN and COMMIT.
+	implicitCommits atomic.Bool
 }
 
 // NewRunner returns a Runner that stores keys through pool, which must reach

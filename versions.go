@@ -176,6 +176,14 @@ func (r *Runner) RecordVersions(ctx context.Context) error {
 // answers its requests with the error.
 func (r *Runner) announce(ctx context.Context) error {
 	r.unrecorded.Store(false)
+	if !r.implicitCommits.Load() {
+		// Learnt with the first request's recording of the versions (or
+		// the first sweep), which every process makes; until then, and if
+		// it fails, units are sent inside BEGIN and COMMIT.
+		if citus, err := r.store.OnCitus(ctx, r.pool); err == nil && !citus {
+			r.implicitCommits.Store(true)
+		}
+	}
 	var errs []error
 	for _, wf := range r.registeredVersions() {
 		err := r.store.Announce(ctx, r.pool, wf.Name(), wf.Version(), wf.shape(), wf.phaseList())

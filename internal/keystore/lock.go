@@ -174,8 +174,10 @@ type Recording struct {
 	claim, final string
 	req          *Request
 	lease        any
-	// Sent and Recorded say how its latest sending went: Recorded is
-	// false when the key existed.
+	// Sent and Recorded say how its latest sending went: Sent is set once
+	// the server answered the claim, Recorded when that answer was that
+	// the key is ours to record (false: the key existed, or another
+	// request was recording it).
 	Sent, Recorded bool
 	// Announced is set by the caller once the key's creation was reported.
 	Announced bool
@@ -203,11 +205,16 @@ func (rec *Recording) Queue(b *pgx.Batch) {
 // Read reads the claim's answer from br: an error raising
 // RecordingInFlightCode when another transaction is recording the key.
 func (rec *Recording) Read(br pgx.BatchResults) error {
-	rec.Sent, rec.Recorded = true, false
+	rec.Sent, rec.Recorded = false, false
 	if _, err := br.Exec(); err != nil {
+		// Answered by the server (a refusal), or not at all (the
+		// connection broke: the claim's fate is unknown, and so is the
+		// key's).
+		var pgErr *pgconn.PgError
+		rec.Sent = errors.As(err, &pgErr)
 		return err
 	}
-	rec.Recorded = true // claimed: the commit records the key
+	rec.Sent, rec.Recorded = true, true // claimed: the commit records the key
 	return nil
 }
 

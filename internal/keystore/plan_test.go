@@ -31,6 +31,12 @@ func TestReplayReadInlinesItsFunctions(t *testing.T) {
 	for rows.Next() {
 		var line string
 		require.NoError(t, rows.Scan(&line))
+		if strings.Contains(line, "Query: ") {
+			// On Citus, the statement the coordinator sends the worker,
+			// written as the client wrote it; the worker's plan below it
+			// is the one that must have the functions inlined.
+			continue
+		}
 		plan.WriteString(line + "\n")
 	}
 	require.NoError(t, rows.Err())

@@ -126,3 +126,19 @@ func New(schema string, lockTimeout time.Duration) *Store {
 func (s *Store) LockTimeout() time.Duration {
 	return time.Duration(s.lockTimeoutUS) * time.Microsecond
 }
+
+// onCitusSQL tells whether the database runs Citus. It reads the catalog
+// only, not the key table.
+const onCitusSQL = `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')`
+
+// OnCitus reports whether the database db reaches runs Citus. There, the
+// statements of one batch sent without BEGIN are not one transaction: each
+// commits on its own when it touches a distributed table (on one
+// PostgreSQL the batch's implicit transaction commits them together, or
+// none), so a unit's statements must always be sent inside BEGIN and
+// COMMIT.
+func (s *Store) OnCitus(ctx context.Context, db DB) (bool, error) {
+	var on bool
+	err := db.QueryRow(ctx, onCitusSQL).Scan(&on)
+	return on, err
+}
