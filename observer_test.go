@@ -176,7 +176,8 @@ func TestObserverSeesEachDecisionOnce(t *testing.T) {
 	// parked.
 	require.Equal(t, []atomicphase.EventKind{failed, created, atomicphase.EventParked}, rec.take())
 
-	_, err = b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET finished_at = (finished_at AT TIME ZONE 'UTC' - interval '2 days') AT TIME ZONE 'UTC'`)
+	_, err = b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET finished_at = (finished_at AT TIME ZONE 'UTC' - interval '2 days') AT TIME ZONE 'UTC',
+		created_at = (created_at AT TIME ZONE 'UTC' - interval '2 days') AT TIME ZONE 'UTC'`)
 	require.NoError(t, err)
 	res, err := newSweeper(t, b, &atomicphase.SweepConfig{Retention: time.Hour}).RunOnce(b.ctx)
 	require.NoError(t, err)

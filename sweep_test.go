@@ -219,7 +219,8 @@ func TestSweepReapsOnlyOldFinishedKeys(t *testing.T) {
 		_, err := b.runner.Run(b.ctx, wf, orderRequest("u", fmt.Sprintf("old-%d", i)))
 		require.NoError(t, err)
 	}
-	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET finished_at = (finished_at AT TIME ZONE 'UTC' - interval '2 hours') AT TIME ZONE 'UTC'`)
+	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET finished_at = (finished_at AT TIME ZONE 'UTC' - interval '2 hours') AT TIME ZONE 'UTC',
+		created_at = (created_at AT TIME ZONE 'UTC' - interval '2 hours') AT TIME ZONE 'UTC'`)
 	require.NoError(t, err)
 	_, err = b.runner.Run(b.ctx, wf, orderRequest("u", "recent"))
 	require.NoError(t, err)

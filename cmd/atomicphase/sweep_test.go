@@ -10,7 +10,7 @@ import (
 func TestSweepOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.exec(t, `UPDATE idempotency_keys SET finished_at = now() - interval '2 days' WHERE idempotency_key = 'finished-1'`)
+	b.exec(t, `UPDATE idempotency_keys SET finished_at = now() - interval '2 days', created_at = now() - interval '2 days' WHERE idempotency_key = 'finished-1'`)
 	before := b.inspect(t, "bob", "abandoned-1")
 
 	res := b.run(t, "sweep", "--once")
@@ -32,7 +32,7 @@ func TestSweepOnce(t *testing.T) {
 func TestSweepOnceJSON(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.exec(t, `UPDATE idempotency_keys SET finished_at = now() - interval '2 hours' WHERE finished_at IS NOT NULL`)
+	b.exec(t, `UPDATE idempotency_keys SET finished_at = now() - interval '2 hours', created_at = now() - interval '2 hours' WHERE finished_at IS NOT NULL`)
 
 	res := b.run(t, "sweep", "--once", "--json", "--retention", "-1s")
 	require.Equal(t, 0, res.code, res.stderr)

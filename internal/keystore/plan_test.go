@@ -43,3 +43,42 @@ func TestReplayReadInlinesItsFunctions(t *testing.T) {
 	require.NotContains(t, plan.String(), "atomicphase_held_until", plan.String())
 	require.NotContains(t, plan.String(), "atomicphase_lock_expires", plan.String())
 }
+
+// The sweep's statements and the per-scope count of unfinished keys each
+// have an index to use (migration 015: one partial index of unfinished keys
+// on (scope, next_attempt_at), and created_at for the reap), so that none
+// reads the whole key table. On a table this small the planner would
+// rather scan it, so sequential scans are turned off, and each statement
+// must plan the index meant for it.
+func TestSweepStatementsHaveAnIndex(t *testing.T) {
+	t.Parallel()
+	atomicphasetest.SkipOnCitus(t, "the workers plan the shards' statements")
+	db := atomicphasetest.NewDB(t, nil)
+	tx, err := db.Pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(t.Context()) }()
+	_, err = tx.Exec(t.Context(), "SET LOCAL enable_seqscan = off")
+	require.NoError(t, err)
+	statements := map[string]struct{ sql, index string }{
+		"abandoned": {strings.NewReplacer("$1", "'{w}'", "$2", "90000000", "$3", "100", "$4", "5", "$5", "'{}'", "$6", "'{}'").
+			Replace(keystore.Render(keystore.AbandonedSQL, "")), "idempotency_keys_unfinished_idx"},
+		"reap": {strings.NewReplacer("$1", "3600000000", "$2", "1000").Replace(keystore.Render(keystore.ReapSQL, "")),
+			"idempotency_keys_created_at_idx"},
+		"count": {`SELECT count(*) FROM idempotency_keys WHERE scope = 's' AND response_status IS NULL AND parked_at IS NULL`,
+			"idempotency_keys_unfinished_idx"},
+	}
+	for name, st := range statements {
+		sql := st.sql
+		rows, err := tx.Query(t.Context(), "EXPLAIN "+sql)
+		require.NoError(t, err, name)
+		var plan strings.Builder
+		for rows.Next() {
+			var line string
+			require.NoError(t, rows.Scan(&line))
+			plan.WriteString(line + "\n")
+		}
+		require.NoError(t, rows.Err())
+		require.NotContains(t, plan.String(), "Seq Scan on idempotency_keys", "%s:\n%s", name, plan.String())
+		require.Contains(t, plan.String(), st.index, "%s:\n%s", name, plan.String())
+	}
+}

@@ -93,14 +93,18 @@ func (s *Store) UnknownWorkflows(ctx context.Context, db DB, known []string, lim
 // then goes to every shard. The DELETE matches finished_at too, so a key
 // forgotten and recorded anew in between is not taken for the one read.
 // Sweeps in several processes reap in turn: the second waits for the
-// first's batch, finds it gone, and stops.
+// first's batch, finds it gone, and stops. It walks the index on
+// created_at (migration 015): a key that finished before the cut-off was
+// created before it, and the few older keys still unfinished, or finished
+// since, are passed over.
 const reapSQL = `
 DELETE FROM /* TEMPLATE: schema */idempotency_keys
 WHERE (scope, idempotency_key, finished_at) IN (
     SELECT scope, idempotency_key, finished_at FROM /* TEMPLATE: schema */idempotency_keys
-    WHERE response_status IS NOT NULL
+    WHERE created_at < now() - $1::bigint * interval '1 microsecond'
+      AND response_status IS NOT NULL
       AND finished_at < now() - $1::bigint * interval '1 microsecond'
-    ORDER BY finished_at
+    ORDER BY created_at
     LIMIT $2::integer)`
 
 // Reap deletes at most batch finished keys that finished longer than
