@@ -186,11 +186,12 @@ func TestParseFlags(t *testing.T) {
 	require.Equal(t, 5, o.rounds)
 	require.Equal(t, 3*time.Second, o.duration)
 
-	o, err = parseFlags([]string{"-clients", "2, 4", "-rounds", "1", "-duration", "1s", "-pgss", "-cpuprofile", "x.prof"}, io.Discard)
+	o, err = parseFlags([]string{"-clients", "2, 4", "-rounds", "1", "-duration", "1s", "-pgss", "-cpuprofile", "x.prof", "-memprofile", "m.prof"}, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, []int{2, 4}, o.clients)
 	require.True(t, o.pgss)
 	require.Equal(t, "x.prof", o.cpuprofile)
+	require.Equal(t, "m.prof", o.memprofile)
 
 	for _, bad := range [][]string{{"-clients", "0"}, {"-clients", "x"}, {"-rounds", "0"}, {"-duration", "0s"}, {"extra"}} {
 		_, err := parseFlags(bad, io.Discard)
@@ -249,4 +250,29 @@ func TestMachineCPU(t *testing.T) {
 	require.LessOrEqual(t, busy, total)
 	require.Equal(t, "other work 5/12% of the CPUs", othersLabel([]float64{0.05, 0.123}))
 	require.Equal(t, "other work unknown", othersLabel([]float64{0.05, -1}))
+}
+
+// TestWALTop reports the WAL written since a position by record type, per
+// request, and says so when none was written.
+func TestWALTop(t *testing.T) {
+	ctx := context.Background()
+	b := newTestBench(t, 1)
+	var start string
+	require.NoError(t, b.admin.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&start))
+	var out strings.Builder
+	require.NoError(t, walTop(ctx, &out, b.admin, start, &cellResult{requests: 1}, 8))
+	if strings.Contains(out.String(), "unavailable") {
+		t.Skipf("no pg_walinspect here: %s", out.String())
+	}
+	require.Equal(t, "  WAL: none written\n", out.String())
+
+	// (The test server commits without waiting for its WAL to be flushed,
+	// which pg_walinspect reads only up to; this session waits.)
+	_, err := b.admin.Exec(ctx, `SET synchronous_commit = on; CREATE TABLE waltop_test (x int); INSERT INTO waltop_test VALUES (1)`)
+	require.NoError(t, err)
+	out.Reset()
+	require.NoError(t, walTop(ctx, &out, b.admin, start, &cellResult{requests: 1}, 8))
+	require.Contains(t, out.String(), "Heap/INSERT", out.String())
+	require.Contains(t, out.String(), "Transaction/COMMIT", out.String())
+	require.Contains(t, out.String(), "WAL, all records:", out.String())
 }

@@ -185,6 +185,14 @@ func walTop(ctx context.Context, out io.Writer, admin *pgxpool.Pool, start strin
 		fmt.Fprintf(out, "  WAL by record type: unavailable (pg_walinspect: %v)\n", err)
 		return nil
 	}
+	var written int64
+	if err := admin.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_flush_lsn(), $1::pg_lsn)::bigint`, start).Scan(&written); err != nil {
+		return err
+	}
+	if written <= 0 {
+		fmt.Fprintf(out, "  WAL: none written\n")
+		return nil
+	}
 	rows, err := admin.Query(ctx, `
 		SELECT "resource_manager/record_type", count, record_size, fpi_size
 		FROM pg_get_wal_stats($1::pg_lsn, pg_current_wal_flush_lsn(), true)
