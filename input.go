@@ -26,13 +26,17 @@ func decodeInput(params []byte, in any) error {
 	if err := json.Unmarshal(params, in); err != nil {
 		return inputError(err)
 	}
+	t := reflect.TypeOf(in).Elem()
+	if spelledExactly(params, t) {
+		return nil
+	}
 	var doc any
 	dec := json.NewDecoder(bytes.NewReader(params))
 	dec.UseNumber()
 	if err := dec.Decode(&doc); err != nil {
 		return inputError(err)
 	}
-	if err := checkExactNames(doc, reflect.TypeOf(in).Elem(), ""); err != nil {
+	if err := checkExactNames(doc, t, ""); err != nil {
 		return &InvalidInputError{Reason: err.Error()}
 	}
 	return nil
@@ -146,3 +150,81 @@ func collectFields(t reflect.Type, f *structFields, depth int) {
 		}
 	}
 }
+
+// spelledExactly reports, without decoding params, that no member of it
+// can reach a field of t by a case-insensitive match only, so that
+// checkExactNames would find nothing: every string in the document (names
+// and values alike) is ASCII without escapes, and either folds to no field
+// name of any struct t reaches, or is the one spelling those field names
+// have for its folding. false means "decode and look", never an error.
+// It spares the common request a second decoding.
+func spelledExactly(params []byte, t reflect.Type) bool {
+	names := spellingsOf(t)
+	var buf [64]byte
+	for i := 0; i < len(params); i++ {
+		if params[i] != '"' {
+			continue
+		}
+		j := i + 1
+		for ; j < len(params) && params[j] != '"'; j++ {
+			if c := params[j]; c == '\\' || c >= 0x80 {
+				return false
+			}
+		}
+		if j >= len(params) || j-i-1 > len(buf) {
+			return false
+		}
+		str := params[i+1 : j]
+		for k, c := range str { // FoldName of ASCII: upper case
+			if 'a' <= c && c <= 'z' {
+				c -= 'a' - 'A'
+			}
+			buf[k] = c
+		}
+		if spelling, ok := names[string(buf[:len(str)])]; ok && spelling != string(str) {
+			return false
+		}
+		i = j
+	}
+	return true
+}
+
+// spellingsOf maps the folding (fingerprint.FoldName) of every JSON field
+// name of every struct t reaches to its spelling, or to "" when two fields
+// spell one folding differently (no string is then the one spelling).
+func spellingsOf(t reflect.Type) map[string]string {
+	if m, ok := spellingCache.Load(t); ok {
+		return m.(map[string]string)
+	}
+	m := map[string]string{}
+	seen := map[reflect.Type]bool{}
+	var walk func(reflect.Type)
+	walk = func(t reflect.Type) {
+		for t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		if seen[t] {
+			return
+		}
+		seen[t] = true
+		switch t.Kind() {
+		case reflect.Slice, reflect.Array, reflect.Map:
+			walk(t.Elem())
+		case reflect.Struct:
+			for name, ft := range fieldsOf(t).exact {
+				folded := fingerprint.FoldName(name)
+				if have, ok := m[folded]; ok && have != name {
+					m[folded] = ""
+				} else {
+					m[folded] = name
+				}
+				walk(ft)
+			}
+		}
+	}
+	walk(t)
+	spellingCache.Store(t, m)
+	return m
+}
+
+var spellingCache sync.Map // reflect.Type → map[string]string
