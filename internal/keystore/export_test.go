@@ -7,5 +7,6 @@ const PeekSQL = peekSQL
 // plan tests.
 const (
 	AbandonedSQL = abandonedSQL
+	UnknownSQL   = unknownSQL
 	ReapSQL      = reapSQL
 )

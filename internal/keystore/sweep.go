@@ -17,18 +17,28 @@ import (
 // (waiting longest first) before any scope's n+1-th. The window is
 // partitioned by scope, the distribution column, so on Citus each worker
 // numbers its own shards' keys.
+//
+// It reads the keys due in two ranges of the partial index of due keys,
+// those never put off (next_attempt_at NULL: running, or abandoned) and
+// those whose retry is due: written as one condition (IS NULL OR <=
+// now()), the planner read every unfinished key's row and filtered, and a
+// backlog of keys in backoff (an outage's) cost every sweep a read of all
+// of them (50 000 such keys: 24 ms, against 0.1 ms now).
 const abandonedSQL = `
 SELECT scope, idempotency_key, workflow FROM (
     SELECT scope, idempotency_key, workflow, next_attempt_at,
            row_number() OVER (PARTITION BY scope ORDER BY next_attempt_at NULLS FIRST, created_at) AS nth
-    FROM /* TEMPLATE: schema */idempotency_keys
-    WHERE response_status IS NULL AND parked_at IS NULL
-      AND workflow = ANY($1::text[])
+    FROM (
+        SELECT * FROM /* TEMPLATE: schema */idempotency_keys
+        WHERE response_status IS NULL AND parked_at IS NULL AND next_attempt_at IS NULL
+        UNION ALL
+        SELECT * FROM /* TEMPLATE: schema */idempotency_keys
+        WHERE response_status IS NULL AND parked_at IS NULL AND next_attempt_at <= now()) AS k
+    WHERE workflow = ANY($1::text[])
       AND CASE WHEN workflow_version IS NULL
                THEN recovery_point = 'started' OR workflow || chr(31) || coalesce(next_phase, recovery_point) = ANY($6::text[])
                ELSE workflow || chr(31) || workflow_version = ANY($5::text[]) END
-      AND coalesce(/* TEMPLATE: schema */atomicphase_held_until(locked_at, lease_us, call_until, $2) < now(), true)
-      AND (next_attempt_at IS NULL OR next_attempt_at <= now())) AS due
+      AND coalesce(/* TEMPLATE: schema */atomicphase_held_until(locked_at, lease_us, call_until, $2) < now(), true)) AS due
 WHERE nth <= $4::bigint
 ORDER BY nth, next_attempt_at NULLS FIRST
 LIMIT $3`
@@ -57,14 +67,18 @@ func (s *Store) Abandoned(ctx context.Context, db DB, workflows, versions, phase
 }
 
 // unknownSQL counts abandoned keys of workflows this process does not know,
-// per workflow, up to $3 keys in all.
+// per workflow, up to $3 keys in all; it reads the due keys as abandonedSQL
+// does.
 const unknownSQL = `
 SELECT workflow, count(*)::int FROM (
-    SELECT workflow FROM /* TEMPLATE: schema */idempotency_keys
-    WHERE response_status IS NULL AND parked_at IS NULL
-      AND workflow <> ALL($1::text[])
+    SELECT workflow FROM (
+        SELECT * FROM /* TEMPLATE: schema */idempotency_keys
+        WHERE response_status IS NULL AND parked_at IS NULL AND next_attempt_at IS NULL
+        UNION ALL
+        SELECT * FROM /* TEMPLATE: schema */idempotency_keys
+        WHERE response_status IS NULL AND parked_at IS NULL AND next_attempt_at <= now()) AS k
+    WHERE workflow <> ALL($1::text[])
       AND coalesce(/* TEMPLATE: schema */atomicphase_held_until(locked_at, lease_us, call_until, $2) < now(), true)
-      AND (next_attempt_at IS NULL OR next_attempt_at <= now())
     LIMIT $3) AS unknown
 GROUP BY workflow ORDER BY workflow`
 
@@ -93,18 +107,14 @@ func (s *Store) UnknownWorkflows(ctx context.Context, db DB, known []string, lim
 // then goes to every shard. The DELETE matches finished_at too, so a key
 // forgotten and recorded anew in between is not taken for the one read.
 // Sweeps in several processes reap in turn: the second waits for the
-// first's batch, finds it gone, and stops. It walks the index on
-// created_at (migration 015): a key that finished before the cut-off was
-// created before it, and the few older keys still unfinished, or finished
-// since, are passed over.
+// first's batch, finds it gone, and stops.
 const reapSQL = `
 DELETE FROM /* TEMPLATE: schema */idempotency_keys
 WHERE (scope, idempotency_key, finished_at) IN (
     SELECT scope, idempotency_key, finished_at FROM /* TEMPLATE: schema */idempotency_keys
-    WHERE created_at < now() - $1::bigint * interval '1 microsecond'
-      AND response_status IS NOT NULL
+    WHERE response_status IS NOT NULL
       AND finished_at < now() - $1::bigint * interval '1 microsecond'
-    ORDER BY created_at
+    ORDER BY finished_at
     LIMIT $2::integer)`
 
 // Reap deletes at most batch finished keys that finished longer than
