@@ -43,6 +43,10 @@ type phaseTx struct {
 	rec *keystore.Recording
 	// queue holds the statements queued since the last send.
 	queue []queued
+	// other is set once a statement was queued that is not a row
+	// statement (txcontrol.RowStatements): the transaction then needs a
+	// transaction block, and is never sent implicitly.
+	other bool
 }
 
 var _ Tx = (*phaseTx)(nil)
@@ -83,6 +87,9 @@ func (t *phaseTx) pending() bool {
 func (t *phaseTx) Queue(sql string, args ...any) {
 	if t.refuseControl(sql) != nil {
 		return
+	}
+	if !t.other && !txcontrol.RowStatements(sql) {
+		t.other = true
 	}
 	t.queue = append(t.queue, queued{sql: sql, args: args, phase: t.phase})
 }
@@ -179,10 +186,14 @@ func (t *phaseTx) send(ctx context.Context, tail func(*pgx.Batch)) (pgx.BatchRes
 
 // implicit reports whether the transaction may be sent whole as one batch
 // without BEGIN and COMMIT, committed by the batch's implicit transaction:
-// nothing was sent yet, it has the server's default isolation, and Conn
-// was never handed out (the guard needs a transaction block).
+// nothing was sent yet, it has the server's default isolation, Conn was
+// never handed out (the guard needs a transaction block), and every queued
+// statement reads or writes rows and nothing else. A LOCK TABLE or a
+// DECLARE needs a transaction block, and a CALL of a procedure that
+// commits, refused inside one, would commit the statements before it: any
+// such statement keeps BEGIN and COMMIT.
 func (t *phaseTx) implicit() bool {
-	return t.tx == nil && t.opts.IsoLevel == "" && !t.guard
+	return t.tx == nil && t.opts.IsoLevel == "" && !t.guard && !t.other
 }
 
 // sendLast sends the transaction's last batch: as send does, or, when

@@ -207,11 +207,14 @@ func (rec *Recording) Queue(b *pgx.Batch) {
 func (rec *Recording) Read(br pgx.BatchResults) error {
 	rec.Sent, rec.Recorded = false, false
 	if _, err := br.Exec(); err != nil {
-		// Answered by the server (a refusal), or not at all (the
-		// connection broke: the claim's fate is unknown, and so is the
-		// key's).
+		// The claim's own refusal: the key is another request's. Any other
+		// error says nothing of the key: the connection broke (the claim's
+		// fate is unknown), or the batch failed before the claim ran (a
+		// queued statement pgx could not prepare, whose error the first
+		// result carries when no BEGIN goes before the claim).
 		var pgErr *pgconn.PgError
-		rec.Sent = errors.As(err, &pgErr)
+		rec.Sent = errors.As(err, &pgErr) &&
+			(pgErr.Code == RecordingInFlightCode || pgErr.Code == RecordedMeanwhileCode)
 		return err
 	}
 	rec.Sent, rec.Recorded = true, true // claimed: the commit records the key

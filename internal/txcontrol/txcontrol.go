@@ -190,3 +190,38 @@ func dollarEnd(s string, i int) int {
 	}
 	return len(s)
 }
+
+// RowStatements reports whether every statement of sql reads or writes rows
+// and nothing else: each begins with SELECT, INSERT, UPDATE, DELETE, MERGE,
+// WITH, VALUES or TABLE. Such statements behave alike inside a transaction
+// block and in the implicit transaction of a batch sent without BEGIN;
+// others may not (LOCK TABLE and DECLARE need a block, and a procedure's
+// COMMIT, refused inside one, commits an implicit transaction's earlier
+// statements). A statement beginning otherwise (a parenthesis, a comment
+// only) makes it false.
+func RowStatements(sql string) bool {
+	if strings.IndexByte(sql, ';') < 0 {
+		return isRowStatement(firstWords(sql)[0])
+	}
+	seen := false
+	for start := 0; start < len(sql); {
+		end := statementEnd(sql, start)
+		if w := firstWords(sql[start:end])[0]; w != "" || strings.TrimSpace(sql[start:end]) != "" {
+			if !isRowStatement(w) {
+				return false
+			}
+			seen = true
+		}
+		start = end + 1
+	}
+	return seen
+}
+
+func isRowStatement(w string) bool {
+	for _, k := range [...]string{"select", "insert", "update", "delete", "merge", "with", "values", "table"} {
+		if strings.EqualFold(w, k) {
+			return true
+		}
+	}
+	return false
+}

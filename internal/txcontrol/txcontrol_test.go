@@ -71,3 +71,31 @@ func FuzzFind(f *testing.F) {
 		Find(sql) // must not panic or loop
 	})
 }
+
+func TestRowStatements(t *testing.T) {
+	for sql, want := range map[string]bool{
+		`INSERT INTO t VALUES (1)`: true,
+		`  select 1`:               true,
+		`WITH x AS (DELETE FROM t RETURNING *) SELECT 1`:  true,
+		`UPDATE t SET a = 1; DELETE FROM t;`:              true,
+		`-- note` + "\n" + `MERGE INTO t USING s ON true`: true,
+		`VALUES (1)`:                         true,
+		`TABLE t`:                            true,
+		`CALL p()`:                           false,
+		`LOCK TABLE t`:                       false,
+		`INSERT INTO t VALUES (1); CALL p()`: false,
+		`DECLARE c CURSOR FOR SELECT 1`:      false,
+		`DO $$ BEGIN COMMIT; END $$`:         false,
+		`SAVEPOINT a`:                        false,
+		`SET LOCAL x = 1`:                    false,
+		`(SELECT 1)`:                         false,
+		`/* only a comment */`:               false,
+		``:                                   false,
+		`INSERT INTO t VALUES ('a;b'); SELECT $$;CALL$$`: true,
+		`SELECT 1; /* c */ COMMIT`:                       false,
+	} {
+		if got := RowStatements(sql); got != want {
+			t.Errorf("RowStatements(%q) = %v, want %v", sql, got, want)
+		}
+	}
+}
