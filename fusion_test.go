@@ -77,6 +77,18 @@ func (c *commitCounter) TraceBatchEnd(_ context.Context, conn *pgx.Conn, d pgx.T
 	delete(c.implicit, conn)
 }
 
+// setupCounting is setup with a commitCounter tracing the Runner's pool.
+func setupCounting(t *testing.T) (*testBundle, *commitCounter) {
+	t.Helper()
+	commits := &commitCounter{}
+	opts := *testDBOpts
+	opts.PoolConfig = func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = commits }
+	db := atomicphasetest.NewDB(t, &opts)
+	runner, err := atomicphase.NewRunner(db.Pool, nil)
+	require.NoError(t, err)
+	return &testBundle{db: db, runner: runner, ctx: context.Background()}, commits
+}
+
 // fusedState is the state of fusedWorkflow.
 type fusedState struct {
 	ChargeID string `json:"charge_id"`
@@ -132,15 +144,10 @@ func callsMade(calls *sync.Map) (keys int, total int32) {
 // record step and the local phases after it another.
 func TestFusedRequestCommitsOncePerForeignPhasePlusOnce(t *testing.T) {
 	t.Parallel()
-	commits := &commitCounter{}
-	opts := *testDBOpts
-	opts.PoolConfig = func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = commits }
-	db := atomicphasetest.NewDB(t, &opts)
-	runner, err := atomicphase.NewRunner(db.Pool, nil)
-	require.NoError(t, err)
+	b, commits := setupCounting(t)
+	runner := b.runner
 	var calls sync.Map
 	wf := fusedWorkflow(t, &calls, nil)
-	b := &testBundle{db: db, runner: runner, ctx: context.Background()}
 	// The process records its workflow's version once, before its first
 	// request of it would: not part of a request.
 	require.NoError(t, runner.Register(wf))
@@ -361,13 +368,8 @@ func TestDuplicateDoesNotWaitForTheFusedTransaction(t *testing.T) {
 // by one, it is sent inside BEGIN and COMMIT.
 func TestQueuedUnitCommitsAsOneBatch(t *testing.T) {
 	t.Parallel()
-	commits := &commitCounter{}
-	opts := *testDBOpts
-	opts.PoolConfig = func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = commits }
-	db := atomicphasetest.NewDB(t, &opts)
-	runner, err := atomicphase.NewRunner(db.Pool, nil)
-	require.NoError(t, err)
-	b := &testBundle{db: db, runner: runner, ctx: context.Background()}
+	b, commits := setupCounting(t)
+	runner := b.runner
 	type st struct{}
 	var fail atomic.Bool
 	wf := atomicphase.MustWorkflow("batched", startEmpty[st], []atomicphase.Phase[st]{
