@@ -196,15 +196,11 @@ func (t *phaseTx) implicit() bool {
 	return t.tx == nil && t.opts.IsoLevel == "" && !t.guard && !t.other
 }
 
-// sendLast sends the transaction's last batch: as send does, or, when
-// implicitly, without BEGIN (the caller then queues no COMMIT): the
-// batch's statements run in one implicit transaction, which the server
-// commits after the last of them, or rolls back whole when one fails. One
-// PostgreSQL only: see keystore.Store.OnCitus.
-func (t *phaseTx) sendLast(ctx context.Context, implicitly bool, tail func(*pgx.Batch)) (pgx.BatchResults, error) {
-	return t.sendBatch(ctx, !implicitly, tail)
-}
-
+// sendBatch is send, except that without mayBegin it sends no BEGIN: for
+// the transaction's last batch, sent implicitly (the caller then queues no
+// COMMIT), whose statements run in one implicit transaction that the
+// server commits after the last of them, or rolls back whole when one
+// fails. One PostgreSQL only: see keystore.Store.OnCitus.
 func (t *phaseTx) sendBatch(ctx context.Context, mayBegin bool, tail func(*pgx.Batch)) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
 	begin := t.tx == nil && mayBegin

@@ -102,7 +102,7 @@ func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *c
 		// of it or none.
 		implicitly := tx.implicit() && a.r.implicitCommits.Load()
 		var br pgx.BatchResults
-		br, err = tx.sendLast(ctx, implicitly, func(b *pgx.Batch) {
+		br, err = tx.sendBatch(ctx, !implicitly, func(b *pgx.Batch) {
 			b.Queue(sql, args...)
 			if tx.guard {
 				b.Queue(guardClose)
