@@ -59,6 +59,7 @@ type options struct {
 	memprofile  string
 	pgss        bool
 	diagClients int
+	serverCores string
 }
 
 func parseFlags(args []string, errOut io.Writer) (*options, error) {
@@ -74,6 +75,7 @@ func parseFlags(args []string, errOut io.Writer) (*options, error) {
 	fs.StringVar(&o.memprofile, "memprofile", "", "like -cpuprofile, for the heap allocations of each design's extra run (go tool pprof -sample_index=alloc_objects FILE)")
 	fs.BoolVar(&o.pgss, "pgss", false, "enable pg_stat_statements and, after the rounds, print each design's top statements by total time at -diag-clients clients")
 	fs.IntVar(&o.diagClients, "diag-clients", 8, "the concurrency of the -cpuprofile and -pgss runs")
+	fs.StringVar(&o.serverCores, "server-cores", "", "run the server bench-compare starts on these CPUs (taskset's `list`, e.g. 0-7), and pin this command elsewhere yourself (taskset -c 8-15 bench-compare …)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -125,7 +127,7 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 	fmt.Fprintf(out, "machine: %d CPUs (%s), GOMAXPROCS %d, %s %s/%s, load average %s; clients, the fake payment API and PostgreSQL share the CPUs\n",
 		runtime.NumCPU(), cpuModel(), runtime.GOMAXPROCS(0), runtime.Version(), runtime.GOOS, runtime.GOARCH, loadAverage())
 
-	url, serverCPU, stopServer, err := openServer(ctx, out, 4*maxClients+8, o.pgss)
+	url, serverCPU, stopServer, err := openServer(ctx, out, 4*maxClients+8, o.pgss, o.serverCores)
 	if err != nil {
 		return err
 	}

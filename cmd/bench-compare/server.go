@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -48,17 +49,23 @@ type database struct {
 // openServer returns the URL of the server to measure on: DATABASE_URL's
 // when set, else a durable throwaway server of bench-compare's own, whose
 // CPU time cpu then reads (nil for DATABASE_URL's).
-func openServer(ctx context.Context, out io.Writer, maxConns int, pgss bool) (url string, cpu func() time.Duration, stop func(), err error) {
+func openServer(ctx context.Context, out io.Writer, maxConns int, pgss bool, cores string) (url string, cpu func() time.Duration, stop func(), err error) {
 	if u := os.Getenv("DATABASE_URL"); u != "" {
 		fmt.Fprintf(out, "WARNING: DATABASE_URL is set: measuring on %s with the server's own settings (below),\n"+
 			"         not the durable settings bench-compare starts its own server with.\n", pgtemp.Redact(u))
+		if cores != "" {
+			return "", nil, nil, errors.New("-server-cores applies to the server bench-compare starts, and DATABASE_URL is set")
+		}
 		return u, nil, func() {}, nil
 	}
-	srv, err := pgtemp.StartWith(ctx, &pgtemp.Options{Durable: true, Settings: serverSettings(maxConns, pgss)})
+	srv, err := pgtemp.StartWith(ctx, &pgtemp.Options{Durable: true, Settings: serverSettings(maxConns, pgss), Cores: cores})
 	if err != nil {
 		return "", nil, nil, fmt.Errorf("start PostgreSQL: %w (or set DATABASE_URL)", err)
 	}
 	fmt.Fprintf(out, "server: a throwaway PostgreSQL from %s, data directory %s (%s)\n", srv.Bin, srv.DataDir(), fsType(srv.DataDir()))
+	if cores != "" {
+		fmt.Fprintf(out, "server: on CPUs %s\n", cores)
+	}
 	if pid, err := postmasterPID(srv.DataDir()); err == nil {
 		if _, ok := serverCPU(pid); ok {
 			cpu = func() time.Duration { d, _ := serverCPU(pid); return d }

@@ -56,7 +56,7 @@ func startCluster(ctx context.Context, bin string, opts *Options) (*Server, erro
 			os.RemoveAll(dir)
 			return nil, err
 		}
-		srv, err := runPostgres(ctx, bin, dir, data, port, cred, serverSettings(opts))
+		srv, err := runPostgres(ctx, bin, dir, data, port, cred, serverSettings(opts), opts.Cores)
 		if err == nil {
 			return srv, nil
 		}
@@ -78,7 +78,7 @@ func serverSettings(opts *Options) []string {
 	return append(settings, opts.Settings...)
 }
 
-func runPostgres(ctx context.Context, bin, dir, data string, port int, cred *syscall.Credential, settings []string) (*Server, error) {
+func runPostgres(ctx context.Context, bin, dir, data string, port int, cred *syscall.Credential, settings []string, cores string) (*Server, error) {
 	logPath := filepath.Join(dir, "postgres.log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -93,6 +93,15 @@ func runPostgres(ctx context.Context, bin, dir, data string, port int, cred *sys
 		args = append(args, "-c", s)
 	}
 	cmd := exec.Command(filepath.Join(bin, "postgres"), args...)
+	if cores != "" {
+		// taskset sets the affinity and executes postgres in its own
+		// process: the pid is the postmaster's, and every backend inherits it.
+		taskset, err := exec.LookPath("taskset")
+		if err != nil {
+			return nil, fmt.Errorf("server cores %q: %w", cores, err)
+		}
+		cmd = exec.Command(taskset, append([]string{"-c", cores, filepath.Join(bin, "postgres")}, args...)...)
+	}
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// Its own process group: a Ctrl-C aimed at the tests must not stop

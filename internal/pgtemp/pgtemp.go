@@ -53,6 +53,10 @@ type Options struct {
 	// passed to postgres with -c after the defaults, so that they override
 	// them.
 	Settings []string
+	// Cores, when set, is the list of CPUs the server runs on, in
+	// taskset's syntax ("0-7", "0,2,4"): a benchmark keeps the server off
+	// its clients' cores. It needs the taskset program.
+	Cores string
 }
 
 // Start initialises and starts a throwaway cluster from local binaries,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -94,6 +95,26 @@ func TestStartWithDurableSettingsAndExtras(t *testing.T) {
 		"extra settings override the defaults")
 	require.DirExists(t, srv.DataDir())
 	require.False(t, strings.HasPrefix(srv.DataDir(), "/dev/shm/"), "a durable server's fsyncs reach a disk")
+}
+
+func TestStartWithCoresPinsEveryServerProcess(t *testing.T) {
+	t.Parallel()
+	needBinaries(t)
+	if _, err := exec.LookPath("taskset"); err != nil {
+		t.Skip("no taskset here")
+	}
+	srv, err := StartWith(context.Background(), &Options{Cores: "0"})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, srv.Stop()) })
+	// A backend forked for this connection reports its own affinity.
+	conn, err := pgx.Connect(context.Background(), srv.URL)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var pid int
+	require.NoError(t, conn.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&pid))
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	require.NoError(t, err)
+	require.Regexp(t, `(?m)^Cpus_allowed_list:\s+0$`, string(status))
 }
 
 func TestStartWithRefusesAMalformedSetting(t *testing.T) {
