@@ -133,6 +133,18 @@ type Config struct {
 	// (unqualified names, found through the connection's search_path).
 	Schema string
 
+	// Router, when set, chooses the pool each key's statements go to, by
+	// the key's scope: the request's acquisition, its phases (the
+	// application's statements with them), its renewals and releases, a
+	// sweep's take of the key and the operator actions on one key. On
+	// Citus, apcitus.Router sends each scope to the worker that holds its
+	// shard, so the coordinator leaves the request's path. Statements
+	// that read many scopes (the sweep's reads, listings, the console)
+	// stay on the Runner's own pool. A Router that returns nil for a
+	// scope sends it to the Runner's pool. Defaults to nil: every
+	// statement goes to the Runner's pool.
+	Router Router
+
 	// Logger receives takeovers, retries and lost locks. Defaults to no
 	// logging.
 	Logger *slog.Logger

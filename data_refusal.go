@@ -76,7 +76,7 @@ func (a *attempt) answerRefusal(ctx context.Context, phase string, state []byte,
 		sql, args := a.r.store.Checkpoint(kc)
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
-		_, err = a.r.pool.Exec(cctx, sql, args...)
+		_, err = a.r.poolFor(a.scope).Exec(cctx, sql, args...)
 	}
 	switch {
 	case keystore.IsLockLost(err):

@@ -76,7 +76,7 @@ func (r *Runner) findDownstream(ctx context.Context, scope, reference string, ph
 		return nil, errors.New("atomicphase: looking up a downstream key needs the scope and the downstream key")
 	}
 	var key, phase string
-	err := r.store.EachScopeKey(ctx, r.pool, scope, func(k keystore.ScopeKey) bool {
+	err := r.store.EachScopeKey(ctx, r.poolFor(scope), scope, func(k keystore.ScopeKey) bool {
 		for _, name := range phasesOf(k.Workflow) {
 			if downstreamKey(k.Salt, k.Workflow, scope, k.Key, name) == reference {
 				key, phase = k.Key, name

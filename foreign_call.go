@@ -278,7 +278,7 @@ func (a *attempt) callEnded(ctx context.Context, sentCall bool) {
 		grace = a.r.cfg.CallGrace
 	}
 	sent := time.Now()
-	if ok, err := a.r.store.Renew(ctx, a.r.pool, a.scope, a.key, a.token, &grace); err == nil && ok {
+	if ok, err := a.r.store.Renew(ctx, a.r.poolFor(a.scope), a.scope, a.key, a.token, &grace); err == nil && ok {
 		a.leaseFrom = sent
 	}
 }

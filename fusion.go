@@ -168,7 +168,7 @@ func (a *attempt) recordAlone(ctx context.Context) (ours bool, err error) {
 	// The recording again, on its own: it records nothing when the key
 	// exists, whoever recorded it.
 	sent := time.Now() // a recording starts the lease no earlier
-	err = rec.RecordAgain(ctx, a.r.pool)
+	err = rec.RecordAgain(ctx, a.r.poolFor(a.scope))
 	if err == nil || a.leaseFrom.IsZero() {
 		// (A key recorded before by this attempt was recorded by a commit
 		// whose answer was lost, which set leaseFrom when it was sent.)
@@ -179,7 +179,7 @@ func (a *attempt) recordAlone(ctx context.Context) (ours bool, err error) {
 		// Recorded before: by this attempt, in a commit whose answer was
 		// lost, if the key holds its lock token (and not at all when it
 		// was recorded and is gone again: forgotten, reaped).
-		ours, _, err = a.r.store.OwnedBy(ctx, a.r.pool, a.scope, a.key, a.token)
+		ours, _, err = a.r.store.OwnedBy(ctx, a.r.poolFor(a.scope), a.scope, a.key, a.token)
 		return ours, err
 	case err != nil:
 		return false, err
@@ -244,7 +244,7 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 	a.conn = nil
 	if pc == nil {
 		var err error
-		if pc, err = a.r.pool.Acquire(ctx); err != nil {
+		if pc, err = a.r.poolFor(a.scope).Acquire(ctx); err != nil {
 			a.failed(pr, err)
 			return res, &unitError{phase: pr.name, err: err}
 		}

@@ -96,7 +96,7 @@ func KeyStatuses() []KeyStatus {
 // Inspect reads a key's stored row without locking or changing it, for
 // operators and tests. A key never recorded returns ErrKeyNotFound.
 func (r *Runner) Inspect(ctx context.Context, scope, key string) (*KeyInfo, error) {
-	info, err := r.store.Inspect(ctx, r.pool, scope, key)
+	info, err := r.store.Inspect(ctx, r.poolFor(scope), scope, key)
 	if err != nil {
 		return nil, storeError("inspect key", err)
 	}

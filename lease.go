@@ -61,7 +61,7 @@ func (a *attempt) hold(ctx context.Context, call bool) (*lease, context.Context,
 		d := l.ttl + a.r.cfg.CallGrace
 		l.call = &d
 		sent := time.Now()
-		ok, err := a.r.store.Renew(ctx, a.r.pool, a.scope, a.key, a.token, l.call)
+		ok, err := a.r.store.Renew(ctx, a.r.poolFor(a.scope), a.scope, a.key, a.token, l.call)
 		switch {
 		case err != nil:
 			l.cancel(nil)
@@ -107,7 +107,7 @@ func (l *lease) tick() {
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	sent := time.Now()
-	ok, err := l.a.r.store.Renew(ctx, l.a.r.pool, l.a.scope, l.a.key, l.a.token, l.call)
+	ok, err := l.a.r.store.Renew(ctx, l.a.r.poolFor(l.a.scope), l.a.scope, l.a.key, l.a.token, l.call)
 	cancel()
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -42,7 +42,7 @@ func (r *Runner) acquire(ctx context.Context, kr *keystore.Request) (*keystore.R
 	// The connection is taken first, so that failing to get one (the store
 	// is down, ctx ended while the pool was exhausted) is known to have sent
 	// nothing, and costs no unlock.
-	conn, err := r.pool.Acquire(ctx)
+	conn, err := r.poolFor(kr.Scope).Acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -78,7 +78,7 @@ func newLockToken() int64 {
 // workflow is the key's workflow as the caller knows it, "" when it does
 // not: it names the fault point passed before the take.
 func (r *Runner) take(ctx context.Context, workflow, scope, key string, token int64, sweep bool) (*keystore.Row, error) {
-	conn, err := r.pool.Acquire(ctx)
+	conn, err := r.poolFor(scope).Acquire(ctx)
 	if err != nil {
 		return nil, err // nothing was sent
 	}
@@ -181,7 +181,7 @@ func (r *Runner) release(ctx context.Context, scope, key string, token int64, wh
 			rel.RetryInUS = &us
 		}
 	}
-	return r.store.Release(ctx, r.pool, &rel)
+	return r.store.Release(ctx, r.poolFor(scope), &rel)
 }
 
 // boundedError is err's text as a key row keeps it: valid UTF-8 without NUL,

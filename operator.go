@@ -78,7 +78,7 @@ var ErrKeyUnfinished = errors.New("atomicphase: idempotency key unfinished and n
 // acquisition path; a client retry would anyway. It returns ErrKeyNotFound
 // for a key never recorded and ErrKeyFinished for a finished one.
 func (r *Runner) Unpark(ctx context.Context, scope, key string) error {
-	ok, err := r.store.Unpark(ctx, r.pool, scope, key)
+	ok, err := r.store.Unpark(ctx, r.poolFor(scope), scope, key)
 	if err != nil {
 		return storeError("unpark key", err)
 	}
@@ -98,7 +98,7 @@ func (r *Runner) Unpark(ctx context.Context, scope, key string) error {
 // returns ErrKeyNotFound for a key never recorded and ErrKeyUnfinished for
 // one still in progress or waiting to be resumed.
 func (r *Runner) Forget(ctx context.Context, scope, key string) error {
-	ok, err := r.store.Forget(ctx, r.pool, scope, key)
+	ok, err := r.store.Forget(ctx, r.poolFor(scope), scope, key)
 	if err != nil {
 		return storeError("forget key", err)
 	}
@@ -165,7 +165,7 @@ func (r *Runner) RecordResolutionWithResult(ctx context.Context, scope, key, not
 }
 
 func (r *Runner) recordResolution(ctx context.Context, scope, key string, happened bool, note string, result []byte) error {
-	res, err := r.store.RecordResolution(ctx, r.pool, scope, key, happened, note, result)
+	res, err := r.store.RecordResolution(ctx, r.poolFor(scope), scope, key, happened, note, result)
 	switch {
 	case err != nil:
 		return storeError("record resolution", err)

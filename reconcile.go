@@ -73,7 +73,7 @@ func (a *attempt) reconcile(ctx context.Context, st *step, fc *ForeignCall, stat
 // costs a round trip, on the rare path of an attempt that resumes into a
 // phase with a reconcile function.
 func (a *attempt) takeVerdict(ctx context.Context) (*bool, []byte, error) {
-	return a.r.store.TakeVerdict(ctx, a.r.pool, a.scope, a.key, a.token, a.resumedFrom)
+	return a.r.store.TakeVerdict(ctx, a.r.poolFor(a.scope), a.scope, a.key, a.token, a.resumedFrom)
 }
 
 // acceptResolution checks that the attempt resumes into a phase of

@@ -90,7 +90,7 @@ func (r *Runner) run(ctx context.Context, wf AnyWorkflow, req *Request, fp Finge
 	if !r.fusesRecording(wf) {
 		return r.runExisting(ctx, wf, req, fp)
 	}
-	pc, err := r.pool.Acquire(ctx)
+	pc, err := r.poolFor(req.Scope).Acquire(ctx)
 	if err != nil {
 		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)
 	}

@@ -169,3 +169,24 @@ func (r *Runner) workflowNames() []string {
 	}
 	return names
 }
+
+// A Router chooses the pool that serves a scope's keys (Config.Router).
+// Any pool it returns must reach the same key table, migrated: on Citus,
+// a worker with the cluster's metadata (every worker has it by default),
+// where a statement about a shard that moved still reaches it, only later.
+// Pool is called on every request; it must be fast and safe for
+// concurrent use.
+type Router interface {
+	Pool(scope string) *pgxpool.Pool
+}
+
+// poolFor returns the pool for scope's keys: Config.Router's choice, else
+// the Runner's pool.
+func (r *Runner) poolFor(scope string) *pgxpool.Pool {
+	if r.cfg.Router != nil {
+		if p := r.cfg.Router.Pool(scope); p != nil {
+			return p
+		}
+	}
+	return r.pool
+}

@@ -83,7 +83,7 @@ func (r *Runner) notRunnableHere(ctx context.Context, row *keystore.Row, scope, 
 		}
 		// Not this process's to run: the take is no attempt of the key's.
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-		uerr := r.store.UndoAttempt(uctx, r.pool, scope, key, row.LockToken)
+		uerr := r.store.UndoAttempt(uctx, r.poolFor(scope), scope, key, row.LockToken)
 		cancel()
 		if uerr != nil {
 			r.logKey(ctx, slog.LevelWarn, "atomicphase: could not uncount a take of another version's key", row.Workflow, scope, key, "error", uerr)

@@ -1,0 +1,4 @@
+package apcitus
+
+// HashText is hashText, for the tests.
+var HashText = hashText
