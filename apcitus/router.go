@@ -37,6 +37,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/atomicphase/atomicphase/internal/keystore"
 )
 
 // Config configures a Router. The zero value is valid.
@@ -119,7 +121,7 @@ func NewRouter(ctx context.Context, entry *pgxpool.Pool, config *Config) (*Route
 		cfg = *config
 	}
 	if cfg.Table == "" {
-		cfg.Table = "idempotency_keys"
+		cfg.Table = keystore.Table
 	}
 	if cfg.Refresh == 0 {
 		cfg.Refresh = time.Minute
