@@ -126,6 +126,12 @@ bench: postgres ## Run the benchmarks
 bench-compare: postgres ## Measure atomicphase next to hand-written pgx on a durable PostgreSQL (docs/performance.md)
 	$(GO) run ./cmd/bench-compare $(ARGS)
 
+# Needs Citus installed into the PostgreSQL the harness finds (docs/scale.md).
+# ARGS passes flags: make bench-scale ARGS="-workers 0,1,2,4 -node-cores 2 -clients 128".
+.PHONY: bench-scale
+bench-scale: ## Measure atomicphase next to hand-written pgx on plain PostgreSQL and Citus, 1..N workers (docs/scale.md)
+	$(GO) run ./cmd/bench-scale $(ARGS)
+
 .PHONY: fuzz
 fuzz: ## Fuzz the fingerprint for a minute
 	$(GO) test -run '^$$' -fuzz FuzzFingerprint -fuzztime 60s .

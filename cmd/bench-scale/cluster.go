@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"strconv"
 	"strings"
@@ -36,9 +37,18 @@ func nodeSettings(o *options, citus bool) []string {
 		fmt.Sprintf("max_connections=%d", 4*o.clients+100),
 		"jit=off",
 	}
+	preload := []string{}
 	if citus {
-		s = append(s, "shared_preload_libraries=citus", "citus.recover_2pc_interval=-1", "citus.node_conninfo=sslmode=disable",
+		preload = append(preload, "citus")
+		s = append(s, "citus.recover_2pc_interval=-1", "citus.node_conninfo=sslmode=disable",
 			fmt.Sprintf("citus.shard_count=%d", o.shards))
+	}
+	if o.pgss {
+		preload = append(preload, "pg_stat_statements")
+		s = append(s, "pg_stat_statements.track=all")
+	}
+	if len(preload) > 0 {
+		s = append(s, "shared_preload_libraries="+strings.Join(preload, ","))
 	}
 	return s
 }
@@ -92,6 +102,11 @@ func startCluster(ctx context.Context, o *options, workers int) (_ *cluster, err
 			}
 		}
 	}
+	if o.pgss { // on Citus, the coordinator propagates it to the workers
+		if err := exec(ctx, c.url(0), `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
+			return nil, err
+		}
+	}
 	if _, err := atomicphase.Migrate(ctx, c.admin, &atomicphase.MigrateOpts{Citus: workers > 0}); err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
@@ -133,6 +148,64 @@ func (c *cluster) twoPhaseCommits(ctx context.Context) (int64, error) {
 		total += k
 	}
 	return total, nil
+}
+
+// resetStatements empties pg_stat_statements on every node.
+func (c *cluster) resetStatements(ctx context.Context) error {
+	for _, n := range c.nodes {
+		if err := exec(ctx, n.URL, `SELECT pg_stat_statements_reset()`); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// printStatements prints each node's top statements since the last reset,
+// by total time, per answered request.
+func (c *cluster) printStatements(ctx context.Context, out io.Writer, what string, answered int64) error {
+	fmt.Fprintf(out, "    pg_stat_statements, %s (per request: calls, µs; nested statements included):\n", what)
+	for i, n := range c.nodes {
+		p, err := pgxpool.New(ctx, n.URL)
+		if err != nil {
+			return err
+		}
+		rows, err := p.Query(ctx, `SELECT calls, total_exec_time, regexp_replace(query, '\s+', ' ', 'g')
+			FROM pg_stat_statements WHERE query NOT ILIKE '%pg_stat_statements%' ORDER BY total_exec_time DESC LIMIT 8`)
+		if err != nil {
+			p.Close()
+			return err
+		}
+		var total float64
+		var lines []string
+		for rows.Next() {
+			var calls int64
+			var ms float64
+			var q string
+			if err := rows.Scan(&calls, &ms, &q); err != nil {
+				rows.Close()
+				p.Close()
+				return err
+			}
+			total += ms
+			if len(q) > 110 {
+				q = q[:110] + "…"
+			}
+			lines = append(lines, fmt.Sprintf("      %5.2f %7.1f  %s", float64(calls)/float64(answered), ms*1000/float64(answered), q))
+		}
+		rows.Close()
+		p.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		name := "coordinator"
+		if i > 0 {
+			name = fmt.Sprintf("worker %d", i)
+		} else if c.workers == 0 {
+			name = "server"
+		}
+		fmt.Fprintf(out, "    %s:\n%s\n", name, strings.Join(lines, "\n"))
+	}
+	return nil
 }
 
 func exec(ctx context.Context, u, sql string) error {

@@ -69,6 +69,8 @@ type options struct {
 	rounds    int
 	nodeCores int
 	firstCore int
+	pgss      bool
+	out       io.Writer // where -pgss prints
 }
 
 func parseFlags(args []string, errOut io.Writer) (*options, error) {
@@ -85,6 +87,7 @@ func parseFlags(args []string, errOut io.Writer) (*options, error) {
 	fs.IntVar(&o.rounds, "rounds", 1, "rounds; each runs both designs in every mode, the order alternating")
 	fs.IntVar(&o.nodeCores, "node-cores", 0, "pin each server to this many CPUs of its own, from -first-core (0: no pinning)")
 	fs.IntVar(&o.firstCore, "first-core", 0, "the first CPU of the coordinator (or the plain server)")
+	fs.BoolVar(&o.pgss, "pgss", false, "load pg_stat_statements on every node (tracking statements inside functions too) and print each node's top statements after each measurement")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -149,6 +152,7 @@ type key struct {
 
 func run(ctx context.Context, o *options, out io.Writer) error {
 	began := time.Now()
+	o.out = out
 	fake, err := fakestripe.Start()
 	if err != nil {
 		return err
@@ -282,6 +286,11 @@ func measure(ctx context.Context, o *options, c *cluster, e *entry, design strin
 	if err != nil {
 		return result{}, err
 	}
+	if o.pgss {
+		if err := c.resetStatements(ctx); err != nil {
+			return result{}, err
+		}
+	}
 	var answered atomic.Int64
 	lats := make([][]time.Duration, o.clients)
 	errs := make([]error, o.clients)
@@ -327,6 +336,11 @@ func measure(ctx context.Context, o *options, c *cluster, e *entry, design strin
 	n := answered.Load()
 	if n == 0 {
 		return result{}, errors.New("no request was answered")
+	}
+	if o.pgss && d == o.duration {
+		if err := c.printStatements(ctx, o.out, fmt.Sprintf("%s, %s", e.name, design), n); err != nil {
+			return result{}, err
+		}
 	}
 	if err := verify(ctx, c, design, prefix, n, charges0, requests0, twoPhase0, fake); err != nil {
 		return result{}, err
