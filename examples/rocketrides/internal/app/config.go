@@ -51,6 +51,10 @@ type Config struct {
 	// release's, deployed beside v1's; a v2 server registers both, so it
 	// finishes the keys v1 started).
 	Release string
+	// CitusRoute is CITUS_ROUTE=1: on a Citus coordinator, send each
+	// rider's requests to the worker that holds the rider's shard
+	// (apcitus.Router), so that the coordinator leaves the requests' path.
+	CitusRoute bool
 }
 
 // DefaultCallGrace is CALL_GRACE's default: the payout timeout and five
@@ -75,6 +79,7 @@ func ConfigFromEnv() (Config, error) {
 		FaultHeader:   os.Getenv("ATOMICPHASE_FAULT_HEADER") == "1",
 		ConsoleAddr:   os.Getenv("CONSOLE_ADDR"),
 		Release:       os.Getenv("RIDES_RELEASE"),
+		CitusRoute:    os.Getenv("CITUS_ROUTE") == "1",
 	}
 	var errs []error
 	switch cfg.Release {

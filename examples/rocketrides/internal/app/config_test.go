@@ -11,7 +11,7 @@ import (
 
 func TestConfigFromEnvDefaults(t *testing.T) {
 	for _, v := range []string{"DATABASE_URL", "ADDR", "STRIPE_API_BASE", "MAILER_API_BASE", "BANK_API_BASE",
-		"LOCK_TIMEOUT", "CALL_GRACE", "SWEEP_INTERVAL", "KEY_RETENTION", "ATOMICPHASE_FAULT_HEADER", "RIDES_RELEASE"} {
+		"LOCK_TIMEOUT", "CALL_GRACE", "SWEEP_INTERVAL", "KEY_RETENTION", "ATOMICPHASE_FAULT_HEADER", "RIDES_RELEASE", "CITUS_ROUTE"} {
 		t.Setenv(v, "")
 	}
 	cfg, err := ConfigFromEnv()

@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/apcitus"
 	"github.com/atomicphase/atomicphase/aphttp"
 	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
 	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/fakebank"
@@ -126,7 +127,21 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 		faults.Admin = pool
 		logf("fault injection from %s is on", faultinject.EnvVar)
 	}
+	var router atomicphase.Router
+	if cfg.CitusRoute {
+		if !citus {
+			return errors.New("CITUS_ROUTE=1 needs a Citus coordinator at DATABASE_URL (docs/scale.md)")
+		}
+		r, err := apcitus.NewRouter(ctx, pool, &apcitus.Config{OnRefreshError: func(err error) { logf("refreshing the shard map: %v", err) }})
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		router = r
+		logf("CITUS_ROUTE=1: each rider's requests go to its worker (%d workers)", len(r.Nodes()))
+	}
 	runner, err := atomicphase.NewRunner(pool, &atomicphase.Config{
+		Router:        router,
 		LockTimeout:   cfg.LockTimeout,
 		CallGrace:     cfg.CallGrace,
 		FaultInjector: &faultinject.ContextInjector{Base: faults},
