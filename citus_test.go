@@ -269,36 +269,3 @@ func TestPhaseWritingTwoWorkersCommitsInTwoPhasesOnCitus(t *testing.T) {
 	require.Equal(t, 2, countMatching(sent, `^PREPARE TRANSACTION`), "the first phase's transaction spans both workers")
 	require.Equal(t, 2, countMatching(sent, `^COMMIT PREPARED`))
 }
-
-// An installation distributed before the audit trail and the versions were
-// placed on Citus has the key table distributed and both as local tables
-// of the coordinator, with rows: Migrate with Citus places them, and keeps
-// the rows.
-func TestMigrateOnCitusPlacesTheAuditTrailAndTheVersions(t *testing.T) {
-	t.Parallel()
-	skipUnlessCitus(t)
-	db := atomicphasetest.NewDB(t, unmigratedDBOpts)
-	ctx := t.Context()
-	_, err := atomicphase.Migrate(ctx, db.Pool, nil)
-	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `SELECT create_distributed_table('idempotency_keys', 'scope')`)
-	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `INSERT INTO atomicphase_workflow_versions (workflow, version, shape, phases) VALUES ('w', 'v1', 's', '{a}')`)
-	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `INSERT INTO atomicphase_audit (scope, idempotency_key, actor, action) VALUES ('u', 'k', 'ops', 'resume')`)
-	require.NoError(t, err)
-
-	_, err = atomicphase.Migrate(ctx, db.Pool, &atomicphase.MigrateOpts{Citus: true})
-	require.NoError(t, err)
-	rows, err := db.Pool.Query(ctx, `SELECT logicalrelid::text || ' ' || CASE WHEN repmodel = 't' THEN 'reference'
-		    ELSE 'by ' || column_to_column_name(logicalrelid, partkey) END
-		FROM pg_dist_partition WHERE logicalrelid::text LIKE 'atomicphase_%' ORDER BY 1`)
-	require.NoError(t, err)
-	placed, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	require.Equal(t, []string{"atomicphase_audit by scope", "atomicphase_workflow_versions reference"}, placed)
-	var versions, audit int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM atomicphase_workflow_versions), (SELECT count(*) FROM atomicphase_audit)`).Scan(&versions, &audit))
-	require.Equal(t, 1, versions)
-	require.Equal(t, 1, audit)
-}

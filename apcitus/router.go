@@ -26,6 +26,7 @@ package apcitus
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -36,6 +37,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase/internal/keystore"
@@ -44,8 +46,8 @@ import (
 // Config configures a Router. The zero value is valid.
 type Config struct {
 	// Table is the distributed table whose shards are followed: the key
-	// table, which every table a workflow writes is colocated with.
-	// Defaults to "idempotency_keys", in Schema.
+	// table, which every table a workflow writes is colocated with. An
+	// unqualified name, in Schema. Defaults to "idempotency_keys".
 	Table string
 	// Schema is the schema that holds the key table, as given to
 	// atomicphase's Config.Schema. Defaults to "" (the search_path).
@@ -130,6 +132,14 @@ func NewRouter(ctx context.Context, entry *pgxpool.Pool, config *Config) (*Route
 	if cfg.Schema != "" {
 		table = pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
 	}
+	var encoding string
+	if err := entry.QueryRow(ctx, `SELECT current_setting('server_encoding')`).Scan(&encoding); err != nil {
+		return nil, fmt.Errorf("apcitus: %w", err)
+	}
+	if encoding != "UTF8" && encoding != "SQL_ASCII" {
+		// hashtext hashes the value's bytes as the database stores them.
+		return nil, fmt.Errorf("apcitus: the database's encoding is %s: the Router hashes scopes as UTF-8 bytes, which a UTF8 (or SQL_ASCII) database stores", encoding)
+	}
 	r := &Router{entry: entry, cfg: cfg, table: table, pools: map[string]*pgxpool.Pool{}}
 	if err := r.Refresh(ctx); err != nil {
 		r.Close()
@@ -176,12 +186,7 @@ func (r *Router) Refresh(ctx context.Context) error {
 		  AND n.isactive AND n.noderole = 'primary'
 		ORDER BY 1, 3, 4`, r.table)
 	if err != nil {
-		var pgErr interface{ SQLState() string }
-		if errors.As(err, &pgErr) && (pgErr.SQLState() == "42P01" || pgErr.SQLState() == "42883") {
-			// No pg_dist_* (no citus extension), or no such table.
-			return fmt.Errorf("%w: %w", ErrNotDistributed, err)
-		}
-		return fmt.Errorf("apcitus: read the shard map: %w", err)
+		return mapError(err)
 	}
 	type shard struct {
 		min, max int32
@@ -193,7 +198,7 @@ func (r *Router) Refresh(ctx context.Context) error {
 		return s, row.Scan(&s.min, &s.max, &s.host, &s.port)
 	})
 	if err != nil {
-		return fmt.Errorf("apcitus: read the shard map: %w", err)
+		return mapError(err)
 	}
 	if len(shards) == 0 {
 		return ErrNotDistributed
@@ -203,7 +208,7 @@ func (r *Router) Refresh(ctx context.Context) error {
 	var order []string
 	for i, s := range shards {
 		if i > 0 && s.min == shards[i-1].min {
-			continue // a second placement (replication): the first serves
+			continue // a second placement (replication): the first serves all
 		}
 		host, port := s.host, s.port
 		if r.cfg.Address != nil {
@@ -229,6 +234,16 @@ func (r *Router) Refresh(ctx context.Context) error {
 	return nil
 }
 
+// mapError is the error of reading the shard map: ErrNotDistributed when
+// there is no map to read (no citus extension, or no such table).
+func mapError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42883" || pgErr.Code == "3F000") {
+		return fmt.Errorf("%w: %w", ErrNotDistributed, err)
+	}
+	return fmt.Errorf("apcitus: read the shard map: %w", err)
+}
+
 // poolOf returns the pool of the worker at host:port, opening it on first
 // need.
 func (r *Router) poolOf(ctx context.Context, host string, port int) (*pgxpool.Pool, error) {
@@ -244,9 +259,7 @@ func (r *Router) poolOf(ctx context.Context, host string, port int) (*pgxpool.Po
 	if port < 1 || port > 65535 {
 		return nil, fmt.Errorf("apcitus: worker %s: port out of range", addr)
 	}
-	cfg := r.entry.Config().Copy()
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(port)
-	cfg.ConnConfig.Fallbacks = nil
+	cfg := workerConfig(r.entry.Config(), host, uint16(port))
 	if r.cfg.PoolConfig != nil {
 		r.cfg.PoolConfig(cfg)
 	}
@@ -256,6 +269,34 @@ func (r *Router) poolOf(ctx context.Context, host string, port int) (*pgxpool.Po
 	}
 	r.pools[addr] = p
 	return p, nil
+}
+
+// workerConfig is entry's pool configuration for the worker at host:port:
+// the same settings, the same TLS modes tried in the same order (sslmode
+// prefer tries TLS, then none; allow, the reverse), each with the worker's
+// name as the TLS server name.
+func workerConfig(entry *pgxpool.Config, host string, port uint16) *pgxpool.Config {
+	cfg := entry.Copy()
+	cc := cfg.ConnConfig
+	retarget := func(t *tls.Config) *tls.Config {
+		if t == nil {
+			return nil
+		}
+		t = t.Clone()
+		t.ServerName = host
+		return t
+	}
+	seen := map[bool]bool{cc.TLSConfig != nil: true}
+	var fallbacks []*pgconn.FallbackConfig
+	for _, fb := range cc.Fallbacks {
+		if seen[fb.TLSConfig != nil] {
+			continue // the entry's other hosts: one worker has one address
+		}
+		seen[fb.TLSConfig != nil] = true
+		fallbacks = append(fallbacks, &pgconn.FallbackConfig{Host: host, Port: port, TLSConfig: retarget(fb.TLSConfig)})
+	}
+	cc.Host, cc.Port, cc.TLSConfig, cc.Fallbacks = host, port, retarget(cc.TLSConfig), fallbacks
+	return cfg
 }
 
 func (r *Router) refreshEvery(ctx context.Context) {

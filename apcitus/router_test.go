@@ -69,6 +69,10 @@ func TestNewRouterRefusesATableThatIsNotDistributed(t *testing.T) {
 	// ledger is a local table of the coordinator.
 	_, err := apcitus.NewRouter(t.Context(), db.Pool, &apcitus.Config{Table: "atomicphase_migration"})
 	require.ErrorIs(t, err, apcitus.ErrNotDistributed)
+	_, err = apcitus.NewRouter(t.Context(), db.Pool, &apcitus.Config{Table: "no_such_table"})
+	require.ErrorIs(t, err, apcitus.ErrNotDistributed)
+	_, err = apcitus.NewRouter(t.Context(), db.Pool, &apcitus.Config{Schema: "no_such_schema"})
+	require.ErrorIs(t, err, apcitus.ErrNotDistributed)
 	_, err = apcitus.NewRouter(t.Context(), nil, nil)
 	require.Error(t, err)
 }
@@ -235,37 +239,4 @@ func poolsOf(r *apcitus.Router) []*pgxpool.Pool {
 		}
 	}
 	return out
-}
-
-// A Runner whose own pool reaches a worker, not the coordinator, does all
-// a Runner does: it records its versions (a reference table), runs
-// requests, records and reads an operator's audit trail (distributed by
-// scope), and tells which versions are deployed.
-func TestARunnerConnectedToAWorker(t *testing.T) {
-	t.Parallel()
-	skipUnlessCitus(t)
-	db := atomicphasetest.NewDB(t, nil)
-	ctx := t.Context()
-	router, err := apcitus.NewRouter(ctx, db.Pool, &apcitus.Config{Refresh: -1})
-	require.NoError(t, err)
-	t.Cleanup(router.Close)
-	worker := poolsOf(router)[0]
-	runner, err := atomicphase.NewRunner(worker, nil)
-	require.NoError(t, err)
-	wf := portWorkflow(t)
-	require.NoError(t, runner.Register(wf))
-	require.NoError(t, runner.RecordVersions(ctx))
-	for i := range 10 {
-		resp, err := runner.Run(ctx, wf, atomicphase.Request{Scope: "tenant-" + strconv.Itoa(i), Key: "k", Method: "POST", Path: "/"})
-		require.NoError(t, err)
-		require.Equal(t, 201, resp.Status)
-	}
-	require.NoError(t, runner.RecordAudit(ctx, &atomicphase.AuditEntry{Scope: "tenant-1", Key: "k", Actor: "ops", Action: "resume"}))
-	trail, err := runner.AuditTrail(ctx, "tenant-1", "k", 10)
-	require.NoError(t, err)
-	require.Len(t, trail, 1)
-	versions, err := runner.Versions(ctx)
-	require.NoError(t, err)
-	require.Len(t, versions, 1)
-	require.True(t, versions[0].Deployed)
 }

@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -257,6 +259,10 @@ func newEntry(ctx context.Context, c *cluster, mode string, clients int, wf *ato
 		if err != nil {
 			return nil, err
 		}
+		if err := fill(ctx, p, clients); err != nil {
+			p.Close()
+			return nil, err
+		}
 		r, err := newRunner(p, nil)
 		if err != nil {
 			p.Close()
@@ -265,13 +271,21 @@ func newEntry(ctx context.Context, c *cluster, mode string, clients int, wf *ato
 		return &entry{name: mode, wf: wf, pool: func(int, string) *pgxpool.Pool { return p },
 			runner: func(int) *atomicphase.Runner { return r }, close: p.Close}, nil
 	case "any":
-		var pools []*pgxpool.Pool
-		var runners []*atomicphase.Runner
+		// Each client's requests through one worker, whatever their
+		// tenant: a Router that always answers that worker's pool. The
+		// Runners' own pool, the coordinator's, records the versions.
+		coord, err := open(c.url(0))
+		if err != nil {
+			return nil, err
+		}
+		pools := []*pgxpool.Pool{coord}
 		closeAll := func() {
 			for _, p := range pools {
 				p.Close()
 			}
 		}
+		var workers []*pgxpool.Pool
+		var runners []*atomicphase.Runner
 		for i := 1; i <= c.workers; i++ {
 			p, err := open(c.url(i))
 			if err != nil {
@@ -279,14 +293,19 @@ func newEntry(ctx context.Context, c *cluster, mode string, clients int, wf *ato
 				return nil, err
 			}
 			pools = append(pools, p)
-			r, err := newRunner(p, nil)
+			workers = append(workers, p)
+			if err := fill(ctx, p, (clients+c.workers-1)/c.workers); err != nil {
+				closeAll()
+				return nil, err
+			}
+			r, err := newRunner(coord, onePool{p})
 			if err != nil {
 				closeAll()
 				return nil, err
 			}
 			runners = append(runners, r)
 		}
-		return &entry{name: mode, wf: wf, pool: func(client int, _ string) *pgxpool.Pool { return pools[client%len(pools)] },
+		return &entry{name: mode, wf: wf, pool: func(client int, _ string) *pgxpool.Pool { return workers[client%len(workers)] },
 			runner: func(client int) *atomicphase.Runner { return runners[client%len(runners)] }, close: closeAll}, nil
 	case "tenant":
 		p, err := open(c.url(0))
@@ -297,6 +316,13 @@ func newEntry(ctx context.Context, c *cluster, mode string, clients int, wf *ato
 		if err != nil {
 			p.Close()
 			return nil, err
+		}
+		for _, wp := range workerPools(router, c.workers) {
+			if err := fill(ctx, wp, clients); err != nil {
+				router.Close()
+				p.Close()
+				return nil, err
+			}
 		}
 		r, err := newRunner(p, router)
 		if err != nil {
@@ -309,3 +335,62 @@ func newEntry(ctx context.Context, c *cluster, mode string, clients int, wf *ato
 	}
 	return nil, fmt.Errorf("unknown entry mode %q", mode)
 }
+
+// fill opens n connections in p at once (up to its size) and keeps them
+// idle: a connection opened during a measurement costs its request the
+// connection's start (on a Citus worker, loading the metadata caches), and
+// the design measured first in a mode would pay for the pool's growth.
+func fill(ctx context.Context, p *pgxpool.Pool, n int) error {
+	n = min(n, int(p.Config().MaxConns))
+	conns := make([]*pgxpool.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := p.Acquire(ctx)
+			if err == nil {
+				// A first read of the key table: a Citus node loads its
+				// metadata caches with its first distributed statement.
+				_, err = c.Exec(ctx, `SELECT 1 FROM idempotency_keys WHERE scope = $1 AND idempotency_key = ''`, strconv.Itoa(i))
+			}
+			if err != nil {
+				errs[i] = err
+				if c != nil {
+					c.Release()
+				}
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// workerPools returns the router's pool of each of the workers.
+func workerPools(r *apcitus.Router, workers int) []*pgxpool.Pool {
+	var out []*pgxpool.Pool
+	seen := map[*pgxpool.Pool]bool{}
+	for i := 0; len(out) < workers && i < 100000; i++ {
+		if p := r.Pool(strconv.Itoa(i)); !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// onePool is a Router that sends every scope to one pool.
+type onePool struct{ p *pgxpool.Pool }
+
+func (o onePool) Pool(string) *pgxpool.Pool { return o.p }

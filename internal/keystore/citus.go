@@ -44,34 +44,15 @@ var citusFunctions = []struct {
 	{"atomicphase_record_unit(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)", true},
 }
 
-// citusTables are the tables besides the key table, and how each is
-// placed: the audit trail by scope, colocated with the keys (an operator's
-// action on a key writes its trail on the key's worker); the versions as a
-// reference table, a copy on every node, so that a process connected to
-// any worker records and reads them.
-var citusTables = []struct {
-	name, create string
-}{
-	{"atomicphase_audit", "SELECT create_distributed_table(%s, 'scope', colocate_with := %s)"},
-	{"atomicphase_workflow_versions", "SELECT create_reference_table(%s)"},
-}
-
-// CitusDistribution returns the statements that distribute the key table,
-// the other tables and the functions on a Citus coordinator, for schema
-// ("" for the search_path), in order: what MigrateOpts.Citus runs after
-// the migrations (skipping each table already distributed). Run them
+// CitusDistribution returns the statements that distribute the key table
+// and its functions on a Citus coordinator, for schema ("" for the
+// search_path), in order: what MigrateOpts.Citus runs after the migrations
+// (skipping the first when the table is distributed already). Run them
 // yourself after your own migration tool applied the migrations (and again
 // after any migration that recreates a function).
 func CitusDistribution(schema string) []string {
 	table := quoteLiteral(qualifiedName(schema, "idempotency_keys"))
 	stmts := []string{fmt.Sprintf("SELECT create_distributed_table(%s, 'scope')", table)}
-	for _, t := range citusTables {
-		if strings.Count(t.create, "%s") == 2 {
-			stmts = append(stmts, fmt.Sprintf(t.create, quoteLiteral(qualifiedName(schema, t.name)), table))
-		} else {
-			stmts = append(stmts, fmt.Sprintf(t.create, quoteLiteral(qualifiedName(schema, t.name))))
-		}
-	}
 	for _, f := range citusFunctions {
 		stmts = append(stmts, fmt.Sprintf(
 			"SELECT create_distributed_function(%s, 'p_scope', colocate_with := %s, force_delegation := %t)",
@@ -105,17 +86,10 @@ func DistributeOnCitus(ctx context.Context, db Beginner, schema string) error {
 		return err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	// A table already distributed (by an earlier Migrate) is left alone.
-	tables := append([]string{"idempotency_keys"}, make([]string, len(citusTables))...)
-	for i, t := range citusTables {
-		tables[i+1] = t.name
-	}
-	distributed := make([]bool, len(tables))
-	for i, name := range tables {
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = $1::regclass)`,
-			qualifiedName(schema, name)).Scan(&distributed[i]); err != nil {
-			return err
-		}
+	var distributed bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = $1::regclass)`,
+		qualifiedName(schema, "idempotency_keys")).Scan(&distributed); err != nil {
+		return err
 	}
 	// A function already distributed as it should be is left alone, so
 	// that processes starting together do not all rewrite its metadata.
@@ -138,8 +112,8 @@ func DistributeOnCitus(ctx context.Context, db Beginner, schema string) error {
 	var stmts []string
 	for i, sql := range CitusDistribution(schema) {
 		switch {
-		case i < len(tables) && distributed[i]:
-		case i >= len(tables) && done[citusFunctions[i-len(tables)].signature]:
+		case i == 0 && distributed:
+		case i > 0 && done[citusFunctions[i-1].signature]:
 		default:
 			stmts = append(stmts, sql)
 		}

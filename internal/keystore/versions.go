@@ -21,13 +21,11 @@ func VersionRef(workflow, version string) string { return workflow + "\x1f" + ve
 // announceSQL records that a process runs a workflow version, or that it
 // still does.
 // A version recorded with another shape (its phase list) is not touched,
-// and no row is returned. seen_at is the new row's default, now(): on
-// Citus, where the table is a reference table, the clause that updates it
-// may use no function that is not immutable.
+// and no row is returned.
 const announceSQL = `
 INSERT INTO /* TEMPLATE: schema */atomicphase_workflow_versions AS v (workflow, version, shape, phases)
 VALUES ($1::text, $2::text, $3::text, $4::text[])
-ON CONFLICT (workflow, version) DO UPDATE SET seen_at = EXCLUDED.seen_at, phases = EXCLUDED.phases
+ON CONFLICT (workflow, version) DO UPDATE SET seen_at = now(), phases = EXCLUDED.phases
     WHERE v.shape = EXCLUDED.shape
 RETURNING true`
 
