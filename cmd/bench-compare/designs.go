@@ -9,16 +9,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
-	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/internal/benchkit"
 )
 
 // schema is the bench's own tables, beside atomicphase's idempotency_keys:
@@ -145,58 +143,6 @@ func (u *users) create(ctx context.Context, pool *pgxpool.Pool, emails []string)
 	return out, nil
 }
 
-// payments calls the fake payment API, for both fresh designs alike.
-type payments struct {
-	base   string
-	client *http.Client
-}
-
-func newPayments(base string) *payments {
-	tr := &http.Transport{
-		MaxIdleConns:        512,
-		MaxIdleConnsPerHost: 512,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true,
-	}
-	return &payments{base: base + "/v1/charges", client: &http.Client{Transport: tr, Timeout: 15 * time.Second}}
-}
-
-// charge creates a charge of amount for customer under the idempotency key
-// and returns its id.
-func (p *payments) charge(ctx context.Context, customer, key, description string) (string, error) {
-	form := url.Values{
-		"amount":      {strconv.Itoa(amount)},
-		"currency":    {currency},
-		"customer":    {customer},
-		"description": {description},
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.base, strings.NewReader(form.Encode()))
-	if err != nil {
-		return "", err
-	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Idempotency-Key", key)
-	resp, err := p.client.Do(req)
-	if err != nil {
-		return "", fmt.Errorf("charge: %w", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return "", fmt.Errorf("charge: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("charge: %s: %s", resp.Status, body)
-	}
-	var ch struct {
-		ID string `json:"id"`
-	}
-	if err := json.Unmarshal(body, &ch); err != nil || ch.ID == "" {
-		return "", fmt.Errorf("charge: unreadable answer %q", body)
-	}
-	return ch.ID, nil
-}
-
 // rideBody is a request body, distinct per client and request.
 func rideBody(buf []byte, client, seq int) []byte {
 	f := float64(seq%1000) / 1000
@@ -229,7 +175,7 @@ WHERE scope = $1 AND idempotency_key = $2`
 // handWritten answers a new key the way careful hand-written pgx code
 // would: one statement, the call, one pipelined transaction. It returns the
 // stored response body.
-func handWritten(ctx context.Context, pool *pgxpool.Pool, pay *payments, us *user, key string, body []byte) ([]byte, error) {
+func handWritten(ctx context.Context, pool *pgxpool.Pool, pay *benchkit.Payments, us *user, key string, body []byte) ([]byte, error) {
 	var in rideInput
 	if err := json.Unmarshal(body, &in); err != nil {
 		return nil, err
@@ -246,7 +192,7 @@ func handWritten(ctx context.Context, pool *pgxpool.Pool, pay *payments, us *use
 	if err != nil {
 		return nil, fmt.Errorf("record key and ride: %w", err)
 	}
-	chargeID, err := pay.charge(ctx, us.customer, "ride-charge/"+us.email+"/"+key, "ride "+key)
+	chargeID, err := pay.Charge(ctx, us.customer, "ride-charge/"+us.email+"/"+key, "ride "+key, amount, currency)
 	if err != nil {
 		return nil, err
 	}
@@ -297,7 +243,7 @@ SELECT id, 'ride.charged', $3 FROM rides WHERE user_id = $1 AND idempotency_key 
 // that inserts the ride (queued, so it travels with the commit that also
 // records the key), a foreign phase that charges and whose record step
 // queues the charge's update and the outbox row and responds.
-func rideWorkflow(us *users, pay *payments) *atomicphase.Workflow[rideState] {
+func rideWorkflow(us *users, pay *benchkit.Payments) *atomicphase.Workflow[rideState] {
 	start := func(in rideInput, req *atomicphase.Request) (rideState, error) {
 		u, ok := us.get(req.Scope)
 		if !ok {
@@ -313,7 +259,7 @@ func rideWorkflow(us *users, pay *payments) *atomicphase.Workflow[rideState] {
 		}),
 		atomicphase.Foreign("charge", func(ctx context.Context, call *atomicphase.ForeignCall, r *rideState) error {
 			return call.Do(ctx, func(ctx context.Context, key string) error {
-				id, err := pay.charge(ctx, r.Customer, key, "ride "+r.Key)
+				id, err := pay.Charge(ctx, r.Customer, key, "ride "+r.Key, amount, currency)
 				r.ChargeID = id
 				return err
 			})

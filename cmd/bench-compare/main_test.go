@@ -90,7 +90,7 @@ func TestMeasureFailsAWrongAnswer(t *testing.T) {
 			return err
 		}},
 		{"a second charge", "charges at the payment API", func(ctx context.Context, c *client) error {
-			_, err := b.pay.charge(ctx, c.user.customer, fmt.Sprintf("again-%d-%d", c.id, c.seq), "again")
+			_, err := b.pay.Charge(ctx, c.user.customer, fmt.Sprintf("again-%d-%d", c.id, c.seq), "again", amount, currency)
 			return err
 		}},
 		{"a duplicate ride", "rides", func(ctx context.Context, c *client) error {

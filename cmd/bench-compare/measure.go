@@ -18,6 +18,7 @@ import (
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
+	"github.com/atomicphase/atomicphase/internal/benchkit"
 )
 
 // design is one way of answering the request, on a pool of its own whose
@@ -58,7 +59,7 @@ type finishedKey struct {
 type bench struct {
 	admin   *pgxpool.Pool // untraced: set-up and verification
 	fake    *fakestripe.Server
-	pay     *payments
+	pay     *benchkit.Payments
 	users   *users
 	wf      *atomicphase.Workflow[rideState]
 	designs []*design
@@ -86,7 +87,7 @@ func poolFor(ctx context.Context, base *pgxpool.Config, maxConns int) (*pgxpool.
 // database with the atomicphase schema and the bench's own (see schema);
 // maxClients is the largest number of concurrent clients to be measured.
 func newBench(ctx context.Context, base *pgxpool.Config, admin *pgxpool.Pool, fake *fakestripe.Server, maxClients int) (*bench, error) {
-	b := &bench{admin: admin, fake: fake, pay: newPayments(fake.URL), users: &users{m: map[string]*user{}}}
+	b := &bench{admin: admin, fake: fake, pay: benchkit.NewPayments(fake.URL, 512), users: &users{m: map[string]*user{}}}
 	b.wf = rideWorkflow(b.users, b.pay)
 	pools := make([]*pgxpool.Pool, 4)
 	tracers := make([]*tracer, 4)
@@ -367,7 +368,7 @@ func (b *bench) measure(ctx context.Context, d *design, label string, n int, dur
 		return nil, fmt.Errorf("(%s) %s: no request finished in %s", d.code, d.name, dur)
 	}
 	slices.Sort(all)
-	res.p50, res.p99 = percentile(all, 0.50), percentile(all, 0.99)
+	res.p50, res.p99 = benchkit.Percentile(all, 0.50), benchkit.Percentile(all, 0.99)
 	if h.after != nil {
 		if err := h.after(res); err != nil {
 			return nil, err
@@ -425,12 +426,6 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// percentile returns the q-quantile of sorted (nearest rank).
-func percentile(sorted []time.Duration, q float64) time.Duration {
-	i := int(q*float64(len(sorted))+0.5) - 1
-	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
 // verifyFresh checks what a fresh design's requests left behind, for the

@@ -87,7 +87,7 @@ func startCluster(ctx context.Context, o *options, workers int) (_ *cluster, err
 	}
 	if workers > 0 {
 		for _, n := range c.nodes {
-			if err := exec(ctx, n.URL, `CREATE EXTENSION citus`); err != nil {
+			if err := execOn(ctx, n.URL, `CREATE EXTENSION citus`); err != nil {
 				return nil, err
 			}
 		}
@@ -103,7 +103,7 @@ func startCluster(ctx context.Context, o *options, workers int) (_ *cluster, err
 		}
 	}
 	if o.pgss { // on Citus, the coordinator propagates it to the workers
-		if err := exec(ctx, c.url(0), `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
+		if err := execOn(ctx, c.url(0), `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
 			return nil, err
 		}
 	}
@@ -153,7 +153,7 @@ func (c *cluster) twoPhaseCommits(ctx context.Context) (int64, error) {
 // resetStatements empties pg_stat_statements on every node.
 func (c *cluster) resetStatements(ctx context.Context) error {
 	for _, n := range c.nodes {
-		if err := exec(ctx, n.URL, `SELECT pg_stat_statements_reset()`); err != nil {
+		if err := execOn(ctx, n.URL, `SELECT pg_stat_statements_reset()`); err != nil {
 			return err
 		}
 	}
@@ -208,7 +208,7 @@ func (c *cluster) printStatements(ctx context.Context, out io.Writer, what strin
 	return nil
 }
 
-func exec(ctx context.Context, u, sql string) error {
+func execOn(ctx context.Context, u, sql string) error {
 	p, err := pgxpool.New(ctx, u)
 	if err != nil {
 		return err

@@ -6,19 +6,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"net/url"
 	"strconv"
-	"strings"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/apcitus"
+	"github.com/atomicphase/atomicphase/internal/benchkit"
 )
 
 // The request: POST /rides for a rider (the scope), a charge at the
@@ -51,46 +48,6 @@ func createRiders(ctx context.Context, admin *pgxpool.Pool, rs []rider) error {
 	}
 	_, err := admin.Exec(ctx, `INSERT INTO users (id, email, customer) SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[])`, ids, emails, customers)
 	return err
-}
-
-// payments calls the fake payment API over loopback HTTP.
-type payments struct {
-	base   string
-	client *http.Client
-}
-
-func newPayments(base string) *payments {
-	tr := &http.Transport{MaxIdleConns: 1024, MaxIdleConnsPerHost: 1024, IdleConnTimeout: 90 * time.Second, DisableCompression: true}
-	return &payments{base: base + "/v1/charges", client: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
-}
-
-func (p *payments) charge(ctx context.Context, customer, key string) (string, error) {
-	form := url.Values{"amount": {strconv.Itoa(amount)}, "currency": {"usd"}, "customer": {customer}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.base, strings.NewReader(form.Encode()))
-	if err != nil {
-		return "", err
-	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Idempotency-Key", key)
-	resp, err := p.client.Do(req)
-	if err != nil {
-		return "", fmt.Errorf("charge: %w", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return "", fmt.Errorf("charge: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("charge: %s: %s", resp.Status, body)
-	}
-	var ch struct {
-		ID string `json:"id"`
-	}
-	if err := json.Unmarshal(body, &ch); err != nil || ch.ID == "" {
-		return "", fmt.Errorf("charge: unreadable answer %q", body)
-	}
-	return ch.ID, nil
 }
 
 // rideInput is the request body.
@@ -131,7 +88,7 @@ WHERE scope = $1 AND idempotency_key = $2`
 // transaction for the charge's record, the outbox row and the response.
 // (Recording the key and inserting the ride in one statement, a CTE, is
 // not routable on Citus.)
-func handWritten(ctx context.Context, pool *pgxpool.Pool, pay *payments, r *rider, key string, body []byte) error {
+func handWritten(ctx context.Context, pool *pgxpool.Pool, pay *benchkit.Payments, r *rider, key string, body []byte) error {
 	var in rideInput
 	if err := json.Unmarshal(body, &in); err != nil {
 		return err
@@ -145,7 +102,7 @@ func handWritten(ctx context.Context, pool *pgxpool.Pool, pay *payments, r *ride
 	if err := pool.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("record key and ride: %w", err)
 	}
-	chargeID, err := pay.charge(ctx, r.customer, "ride-charge/"+r.email+"/"+key)
+	chargeID, err := pay.Charge(ctx, r.customer, "ride-charge/"+r.email+"/"+key, "", amount, "usd")
 	if err != nil {
 		return err
 	}
@@ -185,7 +142,7 @@ type rideState struct {
 // rideWorkflow is the same request through atomicphase: a local phase
 // that inserts the ride, with the key's recording; a foreign phase that
 // charges, whose record step writes the rest and responds.
-func rideWorkflow(byEmail map[string]*rider, pay *payments) *atomicphase.Workflow[rideState] {
+func rideWorkflow(byEmail map[string]*rider, pay *benchkit.Payments) *atomicphase.Workflow[rideState] {
 	start := func(in rideInput, req *atomicphase.Request) (rideState, error) {
 		r, ok := byEmail[req.Scope]
 		if !ok {
@@ -201,7 +158,7 @@ func rideWorkflow(byEmail map[string]*rider, pay *payments) *atomicphase.Workflo
 		}),
 		atomicphase.Foreign("charge", func(ctx context.Context, call *atomicphase.ForeignCall, r *rideState) error {
 			return call.Do(ctx, func(ctx context.Context, key string) error {
-				id, err := pay.charge(ctx, r.Customer, key)
+				id, err := pay.Charge(ctx, r.Customer, key, "", amount, "usd")
 				r.ChargeID = id
 				return err
 			})

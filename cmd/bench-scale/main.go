@@ -56,6 +56,7 @@ import (
 	"time"
 
 	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
+	"github.com/atomicphase/atomicphase/internal/benchkit"
 )
 
 type options struct {
@@ -158,7 +159,7 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 		return err
 	}
 	defer fake.Close()
-	pay := newPayments(fake.URL)
+	pay := benchkit.NewPayments(fake.URL, 1024)
 	rs := riders(o.tenants)
 	byEmail := map[string]*rider{}
 	for i := range rs {
@@ -280,7 +281,7 @@ type result struct {
 // measure runs design through e with o.clients clients for d, then
 // verifies what the answered requests left behind (their keys begin with
 // prefix).
-func measure(ctx context.Context, o *options, c *cluster, e *entry, design string, rs []rider, pay *payments, fake *fakestripe.Server, prefix string, d time.Duration) (result, error) {
+func measure(ctx context.Context, o *options, c *cluster, e *entry, design string, rs []rider, pay *benchkit.Payments, fake *fakestripe.Server, prefix string, d time.Duration) (result, error) {
 	charges0, requests0 := len(fake.Charges()), fake.Requests()
 	twoPhase0, err := c.twoPhaseCommits(ctx)
 	if err != nil {
@@ -345,12 +346,7 @@ func measure(ctx context.Context, o *options, c *cluster, e *entry, design strin
 	if err := verify(ctx, c, design, prefix, n, charges0, requests0, twoPhase0, fake); err != nil {
 		return result{}, err
 	}
-	return result{rate: float64(n) / elapsed.Seconds(), p50: percentile(all, 0.50), p99: percentile(all, 0.99)}, nil
-}
-
-func percentile(sorted []time.Duration, q float64) time.Duration {
-	i := int(q*float64(len(sorted))+0.5) - 1
-	return sorted[min(max(i, 0), len(sorted)-1)]
+	return result{rate: float64(n) / elapsed.Seconds(), p50: benchkit.Percentile(all, 0.50), p99: benchkit.Percentile(all, 0.99)}, nil
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond)) }

@@ -20,6 +20,10 @@ var ErrNoBinaries = errors.New("no initdb and postgres on PATH or under /usr/lib
 // unpacks one and prints its directory).
 const BinEnv = "ATOMICPHASE_TEST_PG_BIN"
 
+// FindBinaries returns the directory of the binaries Start would use (see
+// findBinaries); the error wraps ErrNoBinaries when there are none.
+func FindBinaries() (string, error) { return findBinaries() }
+
 // findBinaries returns the directory holding initdb and postgres: BinEnv's
 // if set (and nothing else), else the one initdb on PATH resolves to, else
 // the newest /usr/lib/postgresql/*/bin (where Debian and Ubuntu put them,
