@@ -1,9 +1,6 @@
 package apcitus
 
-import (
-	"encoding/binary"
-	"math/bits"
-)
+import "math/bits"
 
 // hashText is PostgreSQL's hashtext for a text value under a deterministic
 // collation: hash_bytes over the value's bytes (Bob Jenkins' lookup3, as
@@ -11,15 +8,14 @@ import (
 // 32-bit integer Citus compares with each shard's range. The hash is the
 // same on every architecture PostgreSQL runs on little-endian; the tests
 // compare it with the server's hashtext.
-func hashText(s string) int32 {
-	k := []byte(s)
+func hashText(k string) int32 {
 	n := uint32(len(k))
 	a := 0x9e3779b9 + n + 3923095
 	b, c := a, a
 	for len(k) >= 12 {
-		a += binary.LittleEndian.Uint32(k[0:])
-		b += binary.LittleEndian.Uint32(k[4:])
-		c += binary.LittleEndian.Uint32(k[8:])
+		a += le32(k[0:])
+		b += le32(k[4:])
+		c += le32(k[8:])
 		a, b, c = mix(a, b, c)
 		k = k[12:]
 	}
@@ -60,6 +56,11 @@ func hashText(s string) int32 {
 	}
 	_, _, c = final(a, b, c)
 	return int32(c)
+}
+
+// le32 reads a little-endian uint32 from the first four bytes of s.
+func le32(s string) uint32 {
+	return uint32(s[0]) | uint32(s[1])<<8 | uint32(s[2])<<16 | uint32(s[3])<<24
 }
 
 func mix(a, b, c uint32) (uint32, uint32, uint32) {

@@ -240,3 +240,11 @@ func poolsOf(r *apcitus.Router) []*pgxpool.Pool {
 	}
 	return out
 }
+
+func BenchmarkHashText(b *testing.B) {
+	scope := "rider000042@example.com"
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = apcitus.HashText(scope)
+	}
+}
