@@ -77,8 +77,25 @@ func (s *syncBuffer) String() string {
 
 // startServer starts the example against dbURL with LOCK_TIMEOUT=1s and
 // no faults, env (NAME=value items) added or overriding, and waits until it
-// is healthy.
+// is healthy. The port is chosen free, then bound by the server a moment
+// later: when another process took it meanwhile, the start is tried again
+// on another.
 func startServer(t *testing.T, dbURL string, env ...string) *server {
+	t.Helper()
+	for try := 0; ; try++ {
+		s, bindErr := tryStartServer(t, dbURL, env...)
+		if s != nil {
+			return s
+		}
+		if try == 2 {
+			t.Fatalf("the server found its port taken three times:\n%s", bindErr)
+		}
+	}
+}
+
+// tryStartServer is one try of startServer: nil and the server's log when
+// the port it was given was taken before it bound it.
+func tryStartServer(t *testing.T, dbURL string, env ...string) (*server, string) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -100,20 +117,27 @@ func startServer(t *testing.T, dbURL string, env ...string) *server {
 	})
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
+		select {
+		case <-s.exited:
+			if log := s.log.String(); strings.Contains(log, "address already in use") {
+				return nil, log
+			}
+			t.Fatalf("the server exited during start-up:\n%s", s.log)
+		default:
+		}
 		if resp, err := http.Get(s.url + "/healthz"); err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return s
+			if resp.StatusCode == 200 && strings.Contains(s.log.String(), "listening on http://"+addr) {
+				return s, ""
 			}
 		}
 		select {
 		case <-s.exited:
-			t.Fatalf("the server exited during start-up:\n%s", s.log)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
 	t.Fatalf("the server did not become healthy:\n%s", s.log)
-	return nil
+	return nil, ""
 }
 
 type reply struct {
