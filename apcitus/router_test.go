@@ -77,6 +77,18 @@ func TestNewRouterRefusesATableThatIsNotDistributed(t *testing.T) {
 	require.Error(t, err)
 }
 
+// citusRouter gives the test a database on Citus and a Router of it that
+// refreshes only when told to; it skips the test without Citus.
+func citusRouter(t *testing.T) (*atomicphasetest.DB, *apcitus.Router) {
+	t.Helper()
+	skipUnlessCitus(t)
+	db := atomicphasetest.NewDB(t, nil)
+	router, err := apcitus.NewRouter(t.Context(), db.Pool, &apcitus.Config{Refresh: -1})
+	require.NoError(t, err)
+	t.Cleanup(router.Close)
+	return db, router
+}
+
 func skipUnlessCitus(t *testing.T) {
 	t.Helper()
 	if !atomicphasetest.OnCitus() {
@@ -103,12 +115,8 @@ func addr(p *pgxpool.Pool) string {
 
 func TestRouterSendsEachScopeToTheWorkerOfItsShard(t *testing.T) {
 	t.Parallel()
-	skipUnlessCitus(t)
-	db := atomicphasetest.NewDB(t, nil)
+	db, router := citusRouter(t)
 	ctx := t.Context()
-	router, err := apcitus.NewRouter(ctx, db.Pool, &apcitus.Config{Refresh: -1})
-	require.NoError(t, err)
-	t.Cleanup(router.Close)
 
 	nodes := router.Nodes()
 	require.Len(t, nodes, 2, "the test cluster's two workers")
@@ -134,12 +142,8 @@ func TestRouterSendsEachScopeToTheWorkerOfItsShard(t *testing.T) {
 // refresh, and directly after it.
 func TestRouterFollowsAShardThatMoved(t *testing.T) {
 	t.Parallel()
-	skipUnlessCitus(t)
-	db := atomicphasetest.NewDB(t, nil)
+	db, router := citusRouter(t)
 	ctx := t.Context()
-	router, err := apcitus.NewRouter(ctx, db.Pool, &apcitus.Config{Refresh: -1})
-	require.NoError(t, err)
-	t.Cleanup(router.Close)
 	runner, err := atomicphase.NewRunner(db.Pool, &atomicphase.Config{Router: router})
 	require.NoError(t, err)
 	wf := portWorkflow(t)
@@ -189,12 +193,8 @@ func portWorkflow(t *testing.T) *atomicphase.Workflow[struct{}] {
 // of a new key, a replay and an inspection runs on the scope's worker.
 func TestRoutedRequestsLeaveTheCoordinatorOut(t *testing.T) {
 	t.Parallel()
-	skipUnlessCitus(t)
-	db := atomicphasetest.NewDB(t, nil)
+	db, router := citusRouter(t)
 	ctx := t.Context()
-	router, err := apcitus.NewRouter(ctx, db.Pool, &apcitus.Config{Refresh: -1})
-	require.NoError(t, err)
-	t.Cleanup(router.Close)
 	runner, err := atomicphase.NewRunner(db.Pool, &atomicphase.Config{Router: router})
 	require.NoError(t, err)
 	wf := portWorkflow(t)
