@@ -2,7 +2,7 @@
 // worker that holds its tenant's rows, so that the coordinator leaves the
 // request's path:
 //
-//	router, err := apcitus.NewRouter(ctx, pool, nil) // pool: the coordinator, or any worker
+//	router, err := apcitus.NewRouter(ctx, pool, nil) // pool: the coordinator's
 //	defer router.Close()
 //	runner, err := atomicphase.NewRunner(pool, &atomicphase.Config{Router: router})
 //
@@ -111,7 +111,9 @@ type shardMap struct {
 }
 
 // NewRouter reads the key table's shard map through entry (the
-// coordinator's pool, or any worker's), connects a pool to each worker
+// coordinator's pool; any worker's reads it too, but the Runner's own pool
+// must reach the coordinator, where the workflow versions and the audit
+// trail live), connects a pool to each worker
 // that holds shards, and starts refreshing the map every Config.Refresh.
 // config may be nil. Close the Router before entry.
 func NewRouter(ctx context.Context, entry *pgxpool.Pool, config *Config) (*Router, error) {
