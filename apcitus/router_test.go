@@ -248,3 +248,29 @@ func BenchmarkHashText(b *testing.B) {
 		_ = apcitus.HashText(scope)
 	}
 }
+
+// The Router hashes a scope's UTF-8 bytes, as a UTF8 database stores
+// them: it refuses a database in another encoding, where Citus would hash
+// other bytes.
+func TestNewRouterRefusesADatabaseNotInUTF8(t *testing.T) {
+	t.Parallel()
+	if atomicphasetest.OnCitus() {
+		t.Skip("the harness's Citus databases are all UTF8")
+	}
+	db := atomicphasetest.NewDB(t, nil)
+	ctx := t.Context()
+	name := db.Name + "_latin1"
+	_, err := db.Pool.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize()+` ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = db.Pool.Exec(context.Background(), `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`)
+	})
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.Database = name
+	latin1, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer latin1.Close()
+	_, err = apcitus.NewRouter(ctx, latin1, nil)
+	require.ErrorContains(t, err, "encoding is LATIN1")
+}
