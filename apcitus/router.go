@@ -104,10 +104,11 @@ type Router struct {
 // shardMap is one reading of the metadata: the shards' ranges in order,
 // each with its worker's pool.
 type shardMap struct {
-	min   []int32 // each shard's lowest hash, ascending
-	max   []int32
-	pools []*pgxpool.Pool
-	nodes []Node
+	min       []int32 // each shard's lowest hash, ascending
+	max       []int32
+	pools     []*pgxpool.Pool
+	nodes     []Node
+	nodePools []*pgxpool.Pool // each node's, in nodes' order
 }
 
 // NewRouter reads the key table's shard map through entry (the
@@ -175,6 +176,12 @@ func (r *Router) Nodes() []Node {
 	return append([]Node(nil), r.shards.Load().nodes...)
 }
 
+// Pools returns each worker's pool, in the order of Nodes: to warm them
+// up, say, or to read their statistics.
+func (r *Router) Pools() []*pgxpool.Pool {
+	return append([]*pgxpool.Pool(nil), r.shards.Load().nodePools...)
+}
+
 // Refresh reads the shard map again, now, and opens a pool to any worker
 // new to it. Requests already routed finish where they are.
 func (r *Router) Refresh(ctx context.Context) error {
@@ -208,6 +215,7 @@ func (r *Router) Refresh(ctx context.Context) error {
 	m := &shardMap{}
 	counts := map[string]int{}
 	var order []string
+	byAddr := map[string]*pgxpool.Pool{}
 	for i, s := range shards {
 		if i > 0 && s.min == shards[i-1].min {
 			continue // a second placement (replication): the first serves all
@@ -223,6 +231,7 @@ func (r *Router) Refresh(ctx context.Context) error {
 		addr := net.JoinHostPort(host, strconv.Itoa(port))
 		if counts[addr] == 0 {
 			order = append(order, addr)
+			byAddr[addr] = p
 		}
 		counts[addr]++
 		m.min, m.max, m.pools = append(m.min, s.min), append(m.max, s.max), append(m.pools, p)
@@ -231,6 +240,7 @@ func (r *Router) Refresh(ctx context.Context) error {
 		host, port, _ := net.SplitHostPort(addr)
 		n, _ := strconv.Atoi(port)
 		m.nodes = append(m.nodes, Node{Host: host, Port: n, Shards: counts[addr]})
+		m.nodePools = append(m.nodePools, byAddr[addr])
 	}
 	r.shards.Store(m)
 	return nil

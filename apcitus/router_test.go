@@ -126,6 +126,11 @@ func TestRouterSendsEachScopeToTheWorkerOfItsShard(t *testing.T) {
 	}
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'idempotency_keys'::regclass`).Scan(&count))
 	require.Equal(t, count, shards, "every shard has a worker")
+	pools := router.Pools()
+	require.Len(t, pools, len(nodes))
+	for i, n := range nodes {
+		require.Equal(t, n.Host+":"+strconv.Itoa(n.Port), addr(pools[i]), "Pools is in the order of Nodes")
+	}
 
 	for i, scope := range testStrings()[:300] {
 		p := router.Pool(scope)
@@ -201,7 +206,7 @@ func TestRoutedRequestsLeaveTheCoordinatorOut(t *testing.T) {
 	require.NoError(t, runner.Register(wf))
 	require.NoError(t, runner.RecordVersions(ctx))
 	twoPhase := func() (n int) {
-		for _, p := range append([]*pgxpool.Pool{db.Pool}, poolsOf(router)...) {
+		for _, p := range append([]*pgxpool.Pool{db.Pool}, router.Pools()...) {
 			var c int
 			require.NoError(t, p.QueryRow(ctx, `SELECT count(*) FROM pg_dist_transaction`).Scan(&c))
 			n += c
@@ -226,19 +231,6 @@ func TestRoutedRequestsLeaveTheCoordinatorOut(t *testing.T) {
 	require.Equal(t, before, db.Pool.Stat().AcquireCount(), "nothing went through the coordinator's pool")
 	// (Citus's recovery may remove the set-up's records meanwhile, never add.)
 	require.LessOrEqual(t, twoPhase(), prepared, "no two-phase commit")
-}
-
-// poolsOf returns the router's pool of each worker.
-func poolsOf(r *apcitus.Router) []*pgxpool.Pool {
-	var out []*pgxpool.Pool
-	seen := map[*pgxpool.Pool]bool{}
-	for i := range 1000 {
-		if p := r.Pool(strconv.Itoa(i)); !seen[p] {
-			seen[p] = true
-			out = append(out, p)
-		}
-	}
-	return out
 }
 
 func BenchmarkHashText(b *testing.B) {

@@ -274,7 +274,7 @@ func newEntry(ctx context.Context, c *cluster, mode string, clients int, wf *ato
 			p.Close()
 			return nil, err
 		}
-		for _, wp := range workerPools(router, c.workers) {
+		for _, wp := range router.Pools() {
 			if err := fill(ctx, wp, clients); err != nil {
 				router.Close()
 				p.Close()
@@ -332,19 +332,6 @@ func fill(ctx context.Context, p *pgxpool.Pool, n int) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
-}
-
-// workerPools returns the router's pool of each of the workers.
-func workerPools(r *apcitus.Router, workers int) []*pgxpool.Pool {
-	var out []*pgxpool.Pool
-	seen := map[*pgxpool.Pool]bool{}
-	for i := 0; len(out) < workers && i < 100000; i++ {
-		if p := r.Pool(strconv.Itoa(i)); !seen[p] {
-			seen[p] = true
-			out = append(out, p)
-		}
-	}
-	return out
 }
 
 // onePool is a Router that sends every scope to one pool.
