@@ -197,15 +197,29 @@ func (c *cluster) printStatements(ctx context.Context, out io.Writer, what strin
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		name := "coordinator"
-		if i > 0 {
-			name = fmt.Sprintf("worker %d", i)
-		} else if c.workers == 0 {
-			name = "server"
-		}
-		fmt.Fprintf(out, "    %s:\n%s\n", name, strings.Join(lines, "\n"))
+		fmt.Fprintf(out, "    %s:\n%s\n", c.nodeName(i), strings.Join(lines, "\n"))
 	}
 	return nil
+}
+
+// nodeName names node i: the server, the coordinator or worker i.
+func (c *cluster) nodeName(i int) string {
+	switch {
+	case i > 0:
+		return fmt.Sprintf("worker %d", i)
+	case c.workers == 0:
+		return "server"
+	}
+	return "coordinator"
+}
+
+// nodeNames names every node, in order.
+func (c *cluster) nodeNames() []string {
+	names := make([]string, len(c.nodes))
+	for i := range c.nodes {
+		names[i] = c.nodeName(i)
+	}
+	return names
 }
 
 func execOn(ctx context.Context, u, sql string) error {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"sync"
@@ -201,7 +202,7 @@ func newEntry(ctx context.Context, c *cluster, mode string, clients int, wf *ato
 		return pgxpool.NewWithConfig(ctx, cfg)
 	}
 	newRunner := func(p *pgxpool.Pool, router atomicphase.Router) (*atomicphase.Runner, error) {
-		r, err := atomicphase.NewRunner(p, &atomicphase.Config{Router: router})
+		r, err := atomicphase.NewRunner(p, &atomicphase.Config{Router: router, Logger: slog.New(runnerLog)})
 		if err != nil {
 			return nil, err
 		}

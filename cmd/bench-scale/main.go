@@ -26,7 +26,9 @@
 // Every measurement is verified: one ride, one charge (in the database and
 // at the payment API) and one outbox row per answered request, every key
 // finished, and no two-phase commit on any node. Any mismatch fails the
-// command. It prints each configuration's throughput, p99 and throughput
+// command. -pgss prints each node's top statements per request; -diagnose
+// samples each node's wait events during each measurement and prints them
+// with the latency's tail and the Runner's log records (retries, takeovers). It prints each configuration's throughput, p99 and throughput
 // per database core, the scaling from one worker, and atomicphase's ratio
 // to the hand-written design. docs/scale.md explains the tables.
 //
@@ -71,6 +73,7 @@ type options struct {
 	nodeCores int
 	firstCore int
 	pgss      bool
+	diagnose  bool
 	out       io.Writer // where -pgss prints
 }
 
@@ -89,6 +92,7 @@ func parseFlags(args []string, errOut io.Writer) (*options, error) {
 	fs.IntVar(&o.nodeCores, "node-cores", 0, "pin each server to this many CPUs of its own, from -first-core (0: no pinning)")
 	fs.IntVar(&o.firstCore, "first-core", 0, "the first CPU of the coordinator (or the plain server)")
 	fs.BoolVar(&o.pgss, "pgss", false, "load pg_stat_statements on every node (tracking statements inside functions too) and print each node's top statements after each measurement")
+	fs.BoolVar(&o.diagnose, "diagnose", false, "during each measurement, sample every node's wait events; after it, print them, the latency's tail and the Runner's log records (retries, takeovers, lost locks)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -292,6 +296,14 @@ func measure(ctx context.Context, o *options, c *cluster, e *entry, design strin
 			return result{}, err
 		}
 	}
+	var waits *sampler
+	if o.diagnose && d == o.duration {
+		if waits, err = startSampler(ctx, c); err != nil {
+			return result{}, err
+		}
+		defer waits.stop()
+	}
+	runnerLog.take() // what the warm-up or the other design logged
 	var answered atomic.Int64
 	lats := make([][]time.Duration, o.clients)
 	errs := make([]error, o.clients)
@@ -337,6 +349,15 @@ func measure(ctx context.Context, o *options, c *cluster, e *entry, design strin
 	n := answered.Load()
 	if n == 0 {
 		return result{}, errors.New("no request was answered")
+	}
+	if waits != nil {
+		fmt.Fprintf(o.out, "    %s, %s: p50 %s, p90 %s, p99 %s, p99.9 %s, max %s\n", e.name, design,
+			ms(benchkit.Percentile(all, 0.50)), ms(benchkit.Percentile(all, 0.90)), ms(benchkit.Percentile(all, 0.99)),
+			ms(benchkit.Percentile(all, 0.999)), ms(all[len(all)-1]))
+		waits.print(o.out, c.nodeNames())
+		if lines := runnerLog.take(); len(lines) > 0 {
+			fmt.Fprintf(o.out, "    the Runner's log records:\n      %s\n", strings.Join(lines, "\n      "))
+		}
 	}
 	if o.pgss && d == o.duration {
 		if err := c.printStatements(ctx, o.out, fmt.Sprintf("%s, %s", e.name, design), n); err != nil {

@@ -33,7 +33,7 @@ func TestParseFlags(t *testing.T) {
 	}
 }
 
-// A short run on plain PostgreSQL (and on Citus with one worker, where
+// A short run (with -diagnose) on plain PostgreSQL (and on Citus with one worker, where
 // Citus is installed in the PostgreSQL the harness finds) measures both
 // designs and verifies every answered request.
 func TestRunMeasuresAndVerifies(t *testing.T) {
@@ -52,12 +52,14 @@ func TestRunMeasuresAndVerifies(t *testing.T) {
 		}
 	}
 	o := &options{workers: workers, modes: []string{"coordinator", "any", "tenant"}, clients: 2, tenants: 20, shards: 4,
-		duration: 300 * time.Millisecond, warmup: 100 * time.Millisecond, rounds: 1}
+		duration: 300 * time.Millisecond, warmup: 100 * time.Millisecond, rounds: 1, diagnose: true}
 	var out bytes.Buffer
 	require.NoError(t, run(context.Background(), o, &out), "%s", out.String())
 	t.Log(out.String())
 	require.Contains(t, out.String(), "| plain PostgreSQL | unpinned |")
 	require.Contains(t, out.String(), "every measurement verified")
+	require.Contains(t, out.String(), "direct, atomicphase: p50 ")
+	require.Contains(t, out.String(), "wait events (mean backends per")
 	if len(workers) > 1 {
 		require.Contains(t, out.String(), "| Citus, 1 worker, → tenant's worker |")
 	}
