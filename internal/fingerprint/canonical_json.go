@@ -49,14 +49,25 @@ const MaxJSONDepth = 128
 // order are rewritten in place, which for objects nested in objects
 // multiplies the work by at most twice MaxJSONDepth.
 func CanonicalJSON(doc []byte) ([]byte, error) {
+	var c canonicaliser
+	var members [16]member
+	c.members = members[:0]
+	return c.canonical(doc)
+}
+
+// canonical is CanonicalJSON, writing the canonical form into c.out (reset
+// first, its array reused when it has room) with c.members as scratch.
+func (c *canonicaliser) canonical(doc []byte) ([]byte, error) {
 	if len(bytes.TrimSpace(doc)) == 0 {
 		return nil, nil
 	}
 	// The output is about as long as the input, and reordering an object
 	// uses the space after it as scratch: room for both, for the bodies of
 	// most requests.
-	var members [16]member
-	c := canonicaliser{in: doc, out: make([]byte, 0, len(doc)+min(len(doc), 64<<10)), members: members[:0]}
+	if room := len(doc) + min(len(doc), 64<<10); cap(c.out) < room {
+		c.out = make([]byte, 0, room)
+	}
+	c.in, c.pos, c.out, c.members = doc, 0, c.out[:0], c.members[:0]
 	if err := c.value(0); err != nil {
 		return nil, fmt.Errorf("canonical json: %w", err)
 	}

@@ -9,6 +9,7 @@ package fingerprint
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"sync"
 )
 
 // Size is a fingerprint's length in bytes.
@@ -16,13 +17,39 @@ const Size = sha256.Size
 
 // Of returns the fingerprint of a request's method, path and JSON
 // parameters, canonicalised first (see CanonicalJSON, whose errors it
-// returns).
+// returns). The canonical form is only hashed, so it is written into a
+// buffer reused from one request to the next.
 func Of(method, path string, params []byte) ([Size]byte, error) {
-	canon, err := CanonicalJSON(params)
+	c := canonicalisers.Get().(*canonicaliser)
+	defer release(c)
+	canon, err := c.canonical(params)
 	if err != nil {
 		return [Size]byte{}, err
 	}
-	return HashParts("atomicphase-fingerprint-v1", method, path, string(canon)), nil
+	var stack [512]byte
+	buf := appendPart(stack[:0], "atomicphase-fingerprint-v1")
+	buf = appendPart(buf, method)
+	buf = appendPart(buf, path)
+	buf = appendPart(buf, canon)
+	return sha256.Sum256(buf), nil
+}
+
+// canonicalisers are Of's canonicalisers, with their buffers.
+var canonicalisers = sync.Pool{New: func() any { return new(canonicaliser) }}
+
+// maxKeptBuffer is the largest output buffer a pooled canonicaliser keeps:
+// a rare large request's buffer is left to the garbage collector.
+const maxKeptBuffer = 16 << 10
+
+// release returns c to the pool, holding nothing of the request it read.
+func release(c *canonicaliser) {
+	c.in = nil
+	if cap(c.out) > maxKeptBuffer {
+		c.out = nil
+	}
+	clear(c.members[:cap(c.members)])
+	c.members = c.members[:0]
+	canonicalisers.Put(c)
 }
 
 // HashParts hashes each part behind its length, so no two distinct lists of
@@ -33,8 +60,13 @@ func HashParts(parts ...string) [Size]byte {
 	var stack [512]byte
 	buf := stack[:0]
 	for _, part := range parts {
-		buf = binary.BigEndian.AppendUint64(buf, uint64(len(part)))
-		buf = append(buf, part...)
+		buf = appendPart(buf, part)
 	}
 	return sha256.Sum256(buf)
+}
+
+// appendPart appends part behind its length, as HashParts lays it out.
+func appendPart[T string | []byte](buf []byte, part T) []byte {
+	buf = binary.BigEndian.AppendUint64(buf, uint64(len(part)))
+	return append(buf, part...)
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/atomicphase/atomicphase/internal/fingerprint"
@@ -221,5 +222,50 @@ func BenchmarkFingerprintOf(b *testing.B) {
 		if _, err := fingerprint.Of("POST", "/rides", params); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// Of reuses its canonical form's buffer from one request to the next: each
+// fingerprint is still the hash of its own request's canonical form,
+// whatever request the buffer held before (a longer one, one with more
+// members, one refused halfway), and from many goroutines at once.
+func TestOfReusesNothingOfTheRequestBefore(t *testing.T) {
+	t.Parallel()
+	docs := []string{
+		`{"b":2,"a":1}`,
+		strings.Repeat(" ", 40) + `{"z":[1,2,{"y":"` + strings.Repeat("é", 5000) + `","x":null}],"a":true}`,
+		``,
+		`  `,
+		`{"a":1,"a":2}`, // refused
+		`{"m17":0,"m16":0,"m15":0,"m14":0,"m13":0,"m12":0,"m11":0,"m10":0,"m9":0,"m8":0,"m7":0,"m6":0,"m5":0,"m4":0,"m3":0,"m2":0,"m1":0,"m0":0}`,
+		`[1.50, "x"]`,
+		`{"b":2,"a":1}`,
+	}
+	want := func(doc string) ([fingerprint.Size]byte, error) {
+		canon, err := fingerprint.CanonicalJSON([]byte(doc))
+		if err != nil {
+			return [fingerprint.Size]byte{}, err
+		}
+		return fingerprint.HashParts("atomicphase-fingerprint-v1", "POST", "/p", string(canon)), nil
+	}
+	done := make(chan struct{})
+	for g := range 4 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := range 200 {
+				doc := docs[(i+g)%len(docs)]
+				got, err := fingerprint.Of("POST", "/p", []byte(doc))
+				exp, expErr := want(doc)
+				if expErr != nil {
+					assert.Error(t, err, "%q", doc)
+					continue
+				}
+				assert.NoError(t, err, "%q", doc)
+				assert.Equal(t, exp, got, "%q", doc)
+			}
+		}()
+	}
+	for range 4 {
+		<-done
 	}
 }

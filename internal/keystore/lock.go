@@ -110,27 +110,32 @@ type Peeked struct {
 
 // Peek reads a request's key. found is false when the key does not exist.
 //
-// It is the whole of a replay, so it scans into values rather than
-// pointers, and passes the lock timeout boxed once.
+// It is the whole of a replay, so it scans into one value (one allocation
+// for every target and the pointers it returns into), and passes the lock
+// timeout boxed once.
 func (s *Store) Peek(ctx context.Context, db DB, scope, key, workflow string, fingerprint []byte) (p Peeked, found bool, err error) {
-	var status pgtype.Int4
-	var expiresIn pgtype.Float8
+	var sc struct {
+		p         Peeked
+		status    pgtype.Int4
+		expiresIn pgtype.Float8
+		st        int
+	}
 	err = db.QueryRow(ctx, s.sql.peek, scope, key, s.lockTimeoutArg, workflow, fingerprint).
-		Scan(&p.Same, &status, &p.ResponseHeader, &p.ResponseBody, &p.Takeable, &expiresIn)
+		Scan(&sc.p.Same, &sc.status, &sc.p.ResponseHeader, &sc.p.ResponseBody, &sc.p.Takeable, &sc.expiresIn)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return p, false, nil
 	}
 	if err != nil {
 		return p, false, err
 	}
-	if status.Valid {
-		st := int(status.Int32)
-		p.ResponseStatus = &st
+	if sc.status.Valid {
+		sc.st = int(sc.status.Int32)
+		sc.p.ResponseStatus = &sc.st
 	}
-	if expiresIn.Valid {
-		p.LockExpiresIn = &expiresIn.Float64
+	if sc.expiresIn.Valid {
+		sc.p.LockExpiresIn = &sc.expiresIn.Float64
 	}
-	return p, true, nil
+	return sc.p, true, nil
 }
 
 // recordSQL records a new key, locked under the caller's lock token, inside
