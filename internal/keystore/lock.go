@@ -173,8 +173,7 @@ const RecordedMeanwhileCode = "AP003"
 // its commit (Final, ReadFinal), or sent again on its own (RecordAgain)
 // when that transaction did not commit.
 type Recording struct {
-	sql  string
-	args []any
+	sql string
 	// claim and final are the claim's and the final insert's statements.
 	claim, final string
 	req          *Request
@@ -198,8 +197,7 @@ var ErrNotRecorded = errors.New("atomicphase: the key was recorded meanwhile")
 // NewRecording makes the recording of req's key (req.MaxUnfinished is not
 // applied: a recording that rides in a transaction is not counted).
 func (s *Store) NewRecording(req *Request) *Recording {
-	return &Recording{sql: s.sql.record, claim: s.sql.claim, final: s.sql.recordUnit, req: req, lease: s.lockTimeoutArg,
-		args: []any{req.Scope, req.Key, req.Workflow, req.Fingerprint, req.Method, req.Path, req.State, req.Token, s.lockTimeoutArg, req.Version}}
+	return &Recording{sql: s.sql.record, claim: s.sql.claim, final: s.sql.recordUnit, req: req, lease: s.lockTimeoutArg}
 }
 
 // Queue adds the recording's claim to b, at the head of the transaction.
@@ -257,7 +255,9 @@ func (rec *Recording) ReadFinal(br pgx.BatchResults) error {
 // RecordAgain sends the recording on its own, outside any transaction:
 // ErrNotRecorded when the key exists, whoever recorded it.
 func (rec *Recording) RecordAgain(ctx context.Context, db DB) error {
-	err := db.QueryRow(ctx, rec.sql, rec.args...).Scan(&rec.Salt)
+	r := rec.req
+	err := db.QueryRow(ctx, rec.sql, r.Scope, r.Key, r.Workflow, r.Fingerprint, r.Method, r.Path, r.State, r.Token, rec.lease, r.Version).
+		Scan(&rec.Salt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrNotRecorded
 	}
