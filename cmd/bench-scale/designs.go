@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -103,7 +104,10 @@ func handWritten(ctx context.Context, pool *pgxpool.Pool, pay *benchkit.Payments
 	if err := pool.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("record key and ride: %w", err)
 	}
+	mark(ctx, func(t *timeline) *time.Time { return &t.first })
+	mark(ctx, func(t *timeline) *time.Time { return &t.callStart })
 	chargeID, err := pay.Charge(ctx, r.customer, "ride-charge/"+r.email+"/"+key, "", amount, "usd")
+	mark(ctx, func(t *timeline) *time.Time { return &t.callEnd })
 	if err != nil {
 		return err
 	}
@@ -159,7 +163,9 @@ func rideWorkflow(byEmail map[string]*rider, pay *benchkit.Payments) *atomicphas
 		}),
 		atomicphase.Foreign("charge", func(ctx context.Context, call *atomicphase.ForeignCall, r *rideState) error {
 			return call.Do(ctx, func(ctx context.Context, key string) error {
+				mark(ctx, func(t *timeline) *time.Time { return &t.callStart })
 				id, err := pay.Charge(ctx, r.Customer, key, "", amount, "usd")
+				mark(ctx, func(t *timeline) *time.Time { return &t.callEnd })
 				r.ChargeID = id
 				return err
 			})
@@ -191,7 +197,7 @@ type entry struct {
 // "direct" (plain PostgreSQL), "coordinator", "any" (client i through
 // worker i mod N) or "tenant" (each request through its rider's worker,
 // by apcitus.Router).
-func newEntry(ctx context.Context, c *cluster, mode string, clients int, wf *atomicphase.Workflow[rideState]) (*entry, error) {
+func newEntry(ctx context.Context, c *cluster, mode string, clients int, wf *atomicphase.Workflow[rideState], diagnose bool) (*entry, error) {
 	open := func(u string) (*pgxpool.Pool, error) {
 		cfg, err := pgxpool.ParseConfig(u)
 		if err != nil {
@@ -202,7 +208,11 @@ func newEntry(ctx context.Context, c *cluster, mode string, clients int, wf *ato
 		return pgxpool.NewWithConfig(ctx, cfg)
 	}
 	newRunner := func(p *pgxpool.Pool, router atomicphase.Router) (*atomicphase.Runner, error) {
-		r, err := atomicphase.NewRunner(p, &atomicphase.Config{Router: router, Logger: slog.New(runnerLog)})
+		cfg := &atomicphase.Config{Router: router, Logger: slog.New(runnerLog)}
+		if diagnose {
+			cfg.Observer = firstCommitObserver{}
+		}
+		r, err := atomicphase.NewRunner(p, cfg)
 		if err != nil {
 			return nil, err
 		}

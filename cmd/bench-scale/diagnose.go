@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/atomicphase/atomicphase"
 )
 
 // -diagnose: where a measurement's slow requests wait. While a design
@@ -203,4 +206,64 @@ func (l *logCounter) take() []string {
 	}
 	slices.SortFunc(lines, func(a, b string) int { return strings.Compare(b, a) })
 	return lines
+}
+
+// timeline is one request's moments, for -diagnose: when it began, when
+// its first commit (the key and the ride) returned, when the payment call
+// began and ended, and when it was answered.
+type timeline struct {
+	start, first, callStart, callEnd, end time.Time
+}
+
+type timelineKey struct{}
+
+// withTimeline returns ctx carrying tl.
+func withTimeline(ctx context.Context, tl *timeline) context.Context {
+	return context.WithValue(ctx, timelineKey{}, tl)
+}
+
+// mark sets *at to now when ctx carries a timeline (at picks its field).
+func mark(ctx context.Context, at func(*timeline) *time.Time) {
+	if tl, ok := ctx.Value(timelineKey{}).(*timeline); ok {
+		*at(tl) = time.Now()
+	}
+}
+
+// firstCommitObserver marks a request's first commit: the end of the
+// atomicphase workflow's first phase, whose unit records the key and the
+// ride.
+type firstCommitObserver struct{}
+
+func (firstCommitObserver) Observe(context.Context, atomicphase.Event) {}
+
+func (firstCommitObserver) StartSpan(ctx context.Context, s atomicphase.Span) (context.Context, func(error)) {
+	if s.Kind != atomicphase.SpanPhase || s.Phase != "create_ride" {
+		return ctx, func(error) {}
+	}
+	return ctx, func(error) { mark(ctx, func(t *timeline) *time.Time { return &t.first }) }
+}
+
+// printTimelines prints where the requests' time went, for all of them and
+// for the slowest 1%: the mean of each stretch between their moments.
+func printTimelines(out io.Writer, tls []*timeline) {
+	if len(tls) == 0 {
+		return
+	}
+	slices.SortFunc(tls, func(a, b *timeline) int { return cmp.Compare(a.end.Sub(a.start), b.end.Sub(b.start)) })
+	line := func(what string, tls []*timeline) {
+		var first, gap, call, last, total time.Duration
+		for _, t := range tls {
+			first += t.first.Sub(t.start)
+			gap += t.callStart.Sub(t.first)
+			call += t.callEnd.Sub(t.callStart)
+			last += t.end.Sub(t.callEnd)
+			total += t.end.Sub(t.start)
+		}
+		n := time.Duration(len(tls))
+		fmt.Fprintf(out, "      %-16s %7d  first commit %8s  then to the call %8s  call %8s  last commit %8s  total %8s\n",
+			what, len(tls), ms(first/n), ms(gap/n), ms(call/n), ms(last/n), ms(total/n))
+	}
+	fmt.Fprintln(out, "    where the time went (mean per request):")
+	line("all", tls)
+	line("slowest 1%", tls[len(tls)-max(1, len(tls)/100):])
 }

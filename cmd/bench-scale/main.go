@@ -28,7 +28,8 @@
 // finished, and no two-phase commit on any node. Any mismatch fails the
 // command. -pgss prints each node's top statements per request; -diagnose
 // samples each node's wait events during each measurement and prints them
-// with the latency's tail and the Runner's log records (retries, takeovers). It prints each configuration's throughput, p99 and throughput
+// with the latency's tail, where the requests' time went (the slowest 1%
+// apart) and the Runner's log records (retries, takeovers). It prints each configuration's throughput, p99 and throughput
 // per database core, the scaling from one worker, and atomicphase's ratio
 // to the hand-written design. docs/scale.md explains the tables.
 //
@@ -92,7 +93,7 @@ func parseFlags(args []string, errOut io.Writer) (*options, error) {
 	fs.IntVar(&o.nodeCores, "node-cores", 0, "pin each server to this many CPUs of its own, from -first-core (0: no pinning)")
 	fs.IntVar(&o.firstCore, "first-core", 0, "the first CPU of the coordinator (or the plain server)")
 	fs.BoolVar(&o.pgss, "pgss", false, "load pg_stat_statements on every node (tracking statements inside functions too) and print each node's top statements after each measurement")
-	fs.BoolVar(&o.diagnose, "diagnose", false, "during each measurement, sample every node's wait events; after it, print them, the latency's tail and the Runner's log records (retries, takeovers, lost locks)")
+	fs.BoolVar(&o.diagnose, "diagnose", false, "during each measurement, sample every node's wait events and time each request's stretches (to its first commit, the payment call, its last commit: atomicphase's Runner then has an Observer); after it, print them, the latency's tail and the Runner's log records (retries, takeovers, lost locks)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -209,7 +210,7 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 				}
 			}()
 			for _, mode := range modes {
-				e, err := newEntry(ctx, c, mode, o.clients, wf)
+				e, err := newEntry(ctx, c, mode, o.clients, wf, o.diagnose)
 				if err != nil {
 					return fmt.Errorf("%s: %w", configName(workers, mode), err)
 				}
@@ -306,6 +307,10 @@ func measure(ctx context.Context, o *options, c *cluster, e *entry, design strin
 	runnerLog.take() // what the warm-up or the other design logged
 	var answered atomic.Int64
 	lats := make([][]time.Duration, o.clients)
+	var tls [][]*timeline
+	if waits != nil {
+		tls = make([][]*timeline, o.clients)
+	}
 	errs := make([]error, o.clients)
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -323,11 +328,17 @@ func measure(ctx context.Context, o *options, c *cluster, e *entry, design strin
 				k := prefix + "-" + strconv.Itoa(client) + "-" + strconv.Itoa(n)
 				body := rideBody(n)
 				t0 := time.Now()
+				qctx := rctx
+				var tl *timeline
+				if tls != nil {
+					tl = &timeline{start: t0}
+					qctx = withTimeline(rctx, tl)
+				}
 				var err error
 				if design == "atomicphase" {
-					err = runAtomicphase(rctx, runner, e.wf, r.email, k, body)
+					err = runAtomicphase(qctx, runner, e.wf, r.email, k, body)
 				} else {
-					err = handWritten(rctx, e.pool(client, r.email), pay, r, k, body)
+					err = handWritten(qctx, e.pool(client, r.email), pay, r, k, body)
 				}
 				if err != nil {
 					errs[client] = err
@@ -335,6 +346,10 @@ func measure(ctx context.Context, o *options, c *cluster, e *entry, design strin
 					return
 				}
 				lats[client] = append(lats[client], time.Since(t0))
+				if tl != nil {
+					tl.end = time.Now()
+					tls[client] = append(tls[client], tl)
+				}
 				answered.Add(1)
 			}
 		}()
@@ -354,6 +369,7 @@ func measure(ctx context.Context, o *options, c *cluster, e *entry, design strin
 		fmt.Fprintf(o.out, "    %s, %s: p50 %s, p90 %s, p99 %s, p99.9 %s, max %s\n", e.name, design,
 			ms(benchkit.Percentile(all, 0.50)), ms(benchkit.Percentile(all, 0.90)), ms(benchkit.Percentile(all, 0.99)),
 			ms(benchkit.Percentile(all, 0.999)), ms(all[len(all)-1]))
+		printTimelines(o.out, slices.Concat(tls...))
 		waits.print(o.out, c.nodeNames())
 		if lines := runnerLog.take(); len(lines) > 0 {
 			fmt.Fprintf(o.out, "    the Runner's log records:\n      %s\n", strings.Join(lines, "\n      "))

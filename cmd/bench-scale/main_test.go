@@ -60,6 +60,7 @@ func TestRunMeasuresAndVerifies(t *testing.T) {
 	require.Contains(t, out.String(), "every measurement verified")
 	require.Contains(t, out.String(), "direct, atomicphase: p50 ")
 	require.Contains(t, out.String(), "wait events (mean backends per")
+	require.Contains(t, out.String(), "slowest 1%")
 	if len(workers) > 1 {
 		require.Contains(t, out.String(), "| Citus, 1 worker, → tenant's worker |")
 	}
