@@ -208,9 +208,9 @@ func newEntry(ctx context.Context, c *cluster, mode string, clients int, wf *ato
 		return pgxpool.NewWithConfig(ctx, cfg)
 	}
 	newRunner := func(p *pgxpool.Pool, router atomicphase.Router) (*atomicphase.Runner, error) {
-		cfg := &atomicphase.Config{Router: router, Logger: slog.New(runnerLog)}
+		cfg := &atomicphase.Config{Router: router}
 		if diagnose {
-			cfg.Observer = firstCommitObserver{}
+			cfg.Logger, cfg.Observer = slog.New(runnerLog), firstCommitObserver{}
 		}
 		r, err := atomicphase.NewRunner(p, cfg)
 		if err != nil {

@@ -18,10 +18,14 @@ import (
 
 // -diagnose: where a measurement's slow requests wait. While a design
 // runs, every node's pg_stat_activity is sampled every sampleEvery: each
-// sample counts the application's backends that are not idle, by state and
-// wait event (none: on a CPU, or waiting for the client). And the Runner's
-// log records (phase retries, takeovers, lost locks) are counted by
-// message and error. Both are printed after the measurement.
+// sample counts the application's backends that are not idle (those idle
+// in a transaction included), by state and wait event ("running" when
+// PostgreSQL reports none: on a CPU, or in a wait it does not report). The
+// Runner's log records (phase retries, takeovers, lost locks) are counted
+// by message and error, and each request's moments are timed. All are
+// printed after the measurement. The sampling costs each node a query
+// every sampleEvery, and atomicphase's Runner an Observer: compare
+// -diagnose runs with each other.
 
 // sampleEvery is how often -diagnose samples each node.
 const sampleEvery = 10 * time.Millisecond
@@ -61,6 +65,7 @@ func startSampler(ctx context.Context, c *cluster) (*sampler, error) {
 		cfg, err := pgx.ParseConfig(n.URL)
 		if err != nil {
 			stop()
+			s.wg.Wait()
 			return nil, err
 		}
 		cfg.RuntimeParams["application_name"] = samplerApp
@@ -250,6 +255,15 @@ func printTimelines(out io.Writer, tls []*timeline) {
 		return
 	}
 	slices.SortFunc(tls, func(a, b *timeline) int { return cmp.Compare(a.end.Sub(a.start), b.end.Sub(b.start)) })
+	// A request whose moments were not all marked (none is, today: every
+	// answered request passes each) is left out rather than counted as
+	// stretches from the zero time.
+	tls = slices.DeleteFunc(tls, func(t *timeline) bool {
+		return t.first.IsZero() || t.callStart.IsZero() || t.callEnd.IsZero() || t.end.IsZero()
+	})
+	if len(tls) == 0 {
+		return
+	}
 	line := func(what string, tls []*timeline) {
 		var first, gap, call, last, total time.Duration
 		for _, t := range tls {

@@ -37,15 +37,27 @@ func Of(method, path string, params []byte) ([Size]byte, error) {
 // canonicalisers are Of's canonicalisers, with their buffers.
 var canonicalisers = sync.Pool{New: func() any { return new(canonicaliser) }}
 
-// maxKeptBuffer is the largest output buffer a pooled canonicaliser keeps:
-// a rare large request's buffer is left to the garbage collector.
-const maxKeptBuffer = 16 << 10
+// maxKeptBuffer and maxKeptMembers bound what a pooled canonicaliser
+// keeps: a rare large request's output buffer (bodies up to half of it are
+// canonicalised in place) or member scratch (the members of the objects
+// open at once) is left to the garbage collector instead of being kept,
+// and cleared, for every request after it.
+const (
+	maxKeptBuffer  = 16 << 10
+	maxKeptMembers = 64
+)
 
-// release returns c to the pool, holding nothing of the request it read.
+// release returns c to the pool with its buffers emptied: it keeps
+// nothing of the request it read.
 func release(c *canonicaliser) {
 	c.in = nil
 	if cap(c.out) > maxKeptBuffer {
 		c.out = nil
+	}
+	clear(c.out[:cap(c.out)]) // the last canonical form, and the scratch past it
+	c.out = c.out[:0]
+	if cap(c.members) > maxKeptMembers {
+		c.members = nil
 	}
 	clear(c.members[:cap(c.members)])
 	c.members = c.members[:0]

@@ -269,3 +269,4 @@ func TestOfReusesNothingOfTheRequestBefore(t *testing.T) {
 		<-done
 	}
 }
+
