@@ -269,4 +269,3 @@ func TestOfReusesNothingOfTheRequestBefore(t *testing.T) {
 		<-done
 	}
 }
-
