@@ -50,6 +50,11 @@ type attempt struct {
 	// renewed the key's lease was sent (lease.go); zero while the key rides,
 	// unrecorded, in the first unit's transaction.
 	leaseFrom time.Time
+	// paid is set once a foreign phase of the key may have committed: by
+	// this attempt, or by an earlier one before the recovery point it
+	// resumed at. A data refusal then parks the key (failUnit): the
+	// client must not be told to send the request again.
+	paid bool
 	// budget, when set, bounds each phase's function, call and commit (the
 	// sweep's resumes: a phase that hangs must not stall the sweep, while a
 	// long workflow whose phases each fit is finished).
@@ -93,6 +98,13 @@ func (a *attempt) run(ctx context.Context, row *keystore.Row) (resp *Response, e
 	idx, err := a.wf.resumeAt(row.RecoveryPoint, jumpTarget)
 	if err != nil {
 		return nil, a.fail(ctx, "", Permanent(err))
+	}
+	if row.RecoveryPoint != RecoveryPointStarted {
+		// Jumps go forward only, so the phases committed before idx are
+		// among those before it: any foreign one of them may have paid.
+		for _, st := range a.wf.phaseSteps()[:idx] {
+			a.paid = a.paid || st.call != nil
+		}
 	}
 	return a.loop(ctx, idx, row.State)
 }

@@ -19,6 +19,24 @@ import (
 // 422, stored on the key as its final response and replayed to every
 // retry, with nothing of the failed unit kept.
 
+// Once a foreign phase of the key may have committed, the same refusal is
+// no longer the client's to fix: the call went out, and a corrected
+// request under a new key would make it again (pay twice). The key parks
+// instead, with the refusal as its error, for an operator to fix the
+// workflow and unpark it; the client is answered as for any parked key
+// (ErrParked), and the side effects stay recorded. Validating the request
+// in the workflow's start function refuses bad data before anything is
+// paid.
+
+// paidRefusalError is a data refusal met after a foreign phase of the key
+// may have committed: it parks the key (failUnit).
+type paidRefusalError struct{ refused *dataRefusedError }
+
+func (e *paidRefusalError) Error() string {
+	return "the database refused the request's data after a foreign phase's call went out, so the key is parked rather than answered 422 (a new key would repeat the call); validate the data in the workflow's start function, or fix the phase, then unpark the key: " + e.refused.Error()
+}
+func (e *paidRefusalError) Unwrap() error { return e.refused.err }
+
 // ProblemInvalidData is the problem type (RFC 9457) of the answer to a
 // request whose data the database refused: docs/http.md describes it.
 const ProblemInvalidData = "https://github.com/atomicphase/atomicphase/blob/main/docs/http.md#invalid-data"

@@ -147,3 +147,85 @@ func TestCheckViolationParksNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 201, resp.Status)
 }
+
+// chargeThenReceiptWorkflow charges a fake bank (charges counts the
+// distinct downstream keys it was sent) in a foreign phase, then inserts
+// the order in a local phase, whose CHECK refuses a quantity below 1.
+func chargeThenReceiptWorkflow(charges map[string]int, fused bool) *atomicphase.Workflow[buyIn] {
+	return atomicphase.MustWorkflow("charge-receipt", func(in buyIn, _ *atomicphase.Request) (buyIn, error) { return in, nil },
+		[]atomicphase.Phase[buyIn]{
+			atomicphase.Foreign("charge", func(ctx context.Context, call *atomicphase.ForeignCall, s *buyIn) error {
+				return call.Do(ctx, func(ctx context.Context, key string) error {
+					charges[key]++
+					return nil
+				})
+			}, nil),
+			atomicphase.Local("receipt", func(ctx context.Context, tx atomicphase.Tx, s *buyIn) (atomicphase.Outcome, error) {
+				if _, err := tx.Exec(ctx, `INSERT INTO orders (scope, product_id, quantity) VALUES ('u', $1, $2)`, s.Product, s.Quantity); err != nil {
+					return atomicphase.Outcome{}, fmt.Errorf("receipt: %w", err)
+				}
+				return atomicphase.Respond(201, []byte("ordered")), nil
+			}),
+		}, &atomicphase.WorkflowOpts{CommitEachPhase: !fused})
+}
+
+// A data refusal after a foreign phase committed is no answer to send the
+// client: the charge is made, and a 422 telling it to correct the request
+// and send it with a new key had it charged twice. The key parks instead,
+// with the refusal as its error, and every retry is answered ErrParked;
+// the charge stays recorded, and nothing is stored as the key's answer.
+// (Guarantee 18.)
+func TestDataRefusalAfterAForeignPhaseParks(t *testing.T) {
+	t.Parallel()
+	for _, fused := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fused=%v", fused), func(t *testing.T) {
+			t.Parallel()
+			b := setupDB(t, shopDBOpts, nil)
+			charges := map[string]int{}
+			wf := chargeThenReceiptWorkflow(charges, fused)
+			req := buyRequest("order-1", 1, 0) // quantity 0 breaks the CHECK
+			resp, err := b.runner.Run(b.ctx, wf, req)
+			require.Nil(t, resp, "no answer tells the client to send the request again")
+			var pe *atomicphase.PhaseError
+			require.ErrorAs(t, err, &pe)
+			require.True(t, pe.Parked, "the key parks: %v", err)
+			require.Equal(t, "receipt", pe.Phase)
+			require.ErrorContains(t, err, "23514", "the refusal is the parked key's error")
+			require.False(t, atomicphase.Retryable(err))
+
+			_, err = b.runner.Run(b.ctx, wf, req)
+			require.ErrorIs(t, err, atomicphase.ErrParked, "a retry is answered parked, not 422")
+			info, err := b.runner.Inspect(b.ctx, "u", "order-1")
+			require.NoError(t, err)
+			require.Equal(t, atomicphase.KeyParked, info.Status)
+			require.Equal(t, "charge", info.RecoveryPoint, "the charge stays recorded")
+			require.Len(t, charges, 1, "one charge")
+			require.Zero(t, b.count(t, `SELECT count(*) FROM orders`))
+		})
+	}
+}
+
+// Before any foreign phase committed, a data refusal is still the
+// request's own 422 answer: nothing was paid, so a corrected request
+// under a new key is what the client should send.
+func TestDataRefusalBeforeAForeignPhaseStays422(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t, shopDBOpts, nil)
+	charges := map[string]int{}
+	wf := atomicphase.MustWorkflow("receipt-charge", func(in buyIn, _ *atomicphase.Request) (buyIn, error) { return in, nil },
+		[]atomicphase.Phase[buyIn]{
+			atomicphase.Local("order", func(ctx context.Context, tx atomicphase.Tx, s *buyIn) (atomicphase.Outcome, error) {
+				_, err := tx.Exec(ctx, `INSERT INTO orders (scope, product_id, quantity) VALUES ('u', $1, $2)`, s.Product, s.Quantity)
+				return atomicphase.Outcome{}, err
+			}),
+			atomicphase.Foreign("charge", func(ctx context.Context, call *atomicphase.ForeignCall, s *buyIn) error {
+				return call.Do(ctx, func(ctx context.Context, key string) error { charges[key]++; return nil })
+			}, func(ctx context.Context, tx atomicphase.Tx, s *buyIn) (atomicphase.Outcome, error) {
+				return atomicphase.Respond(201, []byte("ordered")), nil
+			}),
+		}, nil)
+	resp, err := b.runner.Run(b.ctx, wf, buyRequest("order-0", 1, 0))
+	require.NoError(t, err)
+	require.Equal(t, 422, resp.Status)
+	require.Empty(t, charges)
+}
