@@ -78,7 +78,7 @@ func (r *Runner) RecentTrouble(ctx context.Context, f *LevelFilter, limit int) (
 	if err != nil {
 		return nil, storeError("list recent trouble", err)
 	}
-	return keyInfos(rows), nil
+	return r.keyInfos(rows), nil
 }
 
 // KeyCursor is where a page of keys ended; ListKeyPage starts the next page
@@ -146,7 +146,7 @@ func (r *Runner) ListKeyPage(ctx context.Context, f *KeyPageFilter) (*KeyPage, e
 		last := rows[limit-1]
 		page.Next = &KeyCursor{CreatedAt: last.CreatedAt, Scope: last.Scope, Key: last.Key}
 	}
-	page.Keys = keyInfos(rows)
+	page.Keys = r.keyInfos(rows)
 	return page, nil
 }
 
@@ -175,10 +175,10 @@ func checkStatus(field string, s KeyStatus) error {
 }
 
 // keyInfos converts the key store's rows.
-func keyInfos(rows []*keystore.Info) []*KeyInfo {
+func (r *Runner) keyInfos(rows []*keystore.Info) []*KeyInfo {
 	out := make([]*KeyInfo, len(rows))
 	for i, row := range rows {
-		out[i] = keyInfo(row)
+		out[i] = r.keyInfo(row)
 	}
 	return out
 }

@@ -55,6 +55,22 @@ type KeyInfo struct {
 	// ParkedAt is when the key was parked (it failed permanently, or
 	// Config.MaxAttempts times); nil unless it is.
 	ParkedAt *time.Time
+	// Unsettled is set while the key may have paid without knowing it:
+	// the outcome of its foreign call is unknown (UnknownAt), or a call it
+	// was marked as making may still be acted on by the downstream
+	// (CallUntil). Forget refuses such a key (ErrOutcomeUnsettled), and the
+	// sweep does not reap it.
+	Unsettled bool
+	// CallUntil is when the quiet period of the foreign call the key was
+	// last marked as making ends (the lease plus Config.CallGrace); nil
+	// when no call is marked.
+	CallUntil *time.Time
+	// DownstreamKeys are the downstream idempotency keys (ForeignCall.Key)
+	// of the key's foreign phases, by phase name, the references a
+	// downstream knows its calls by: filled by Inspect, ListKeys and the
+	// bulk operations for workflows this Runner has registered (every
+	// version's foreign phases), nil for others.
+	DownstreamKeys map[string]string
 	// Response is the stored response once the key is finished.
 	Response   *Response
 	CreatedAt  time.Time
@@ -103,7 +119,27 @@ func (r *Runner) Inspect(ctx context.Context, scope, key string) (*KeyInfo, erro
 	if info == nil {
 		return nil, ErrKeyNotFound
 	}
-	return keyInfo(info), nil
+	return r.keyInfo(info), nil
+}
+
+// keyInfo is keyInfo with the key's downstream keys, for workflows this
+// Runner registered.
+func (r *Runner) keyInfo(in *keystore.Info) *KeyInfo {
+	info := keyInfo(in)
+	for _, wf := range r.definitionsOf(in.Workflow) {
+		for _, st := range wf.phaseSteps() {
+			if st.call == nil {
+				continue
+			}
+			if info.DownstreamKeys == nil {
+				info.DownstreamKeys = map[string]string{}
+			}
+			if _, ok := info.DownstreamKeys[st.name]; !ok {
+				info.DownstreamKeys[st.name] = downstreamKey(in.DownstreamSalt, in.Workflow, in.Scope, in.Key, st.downstreamName)
+			}
+		}
+	}
+	return info
 }
 
 // keyInfo is the KeyInfo of a key's row as the key store read it.
@@ -115,6 +151,7 @@ func keyInfo(in *keystore.Info) *KeyInfo {
 		State: in.State, Attempts: in.Attempts, LastError: in.LastError, NextAttemptAt: in.NextAttemptAt,
 		UnknownAt: in.UnknownAt, ResolvedHappened: in.ResolvedHappened, ResolvedNote: in.ResolvedNote,
 		ResolvedAt: in.ResolvedAt, ResolvedResult: in.ResolvedResult, ParkedAt: in.ParkedAt,
+		Unsettled: in.Unsettled, CallUntil: in.CallUntil,
 		CreatedAt: in.CreatedAt, UpdatedAt: in.UpdatedAt, FinishedAt: in.FinishedAt,
 	}
 	if in.StatusCode != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/atomicphase/atomicphase/internal/keystore"
@@ -59,7 +60,7 @@ func (r *Runner) ListKeys(ctx context.Context, f *KeyFilter) ([]*KeyInfo, error)
 	}
 	out := make([]*KeyInfo, len(rows))
 	for i, row := range rows {
-		out[i] = keyInfo(row)
+		out[i] = r.keyInfo(row)
 	}
 	return out, nil
 }
@@ -70,6 +71,15 @@ var ErrKeyFinished = errors.New("atomicphase: idempotency key already finished")
 // ErrKeyUnfinished is returned by Forget for a key that is neither finished
 // nor parked: forgetting it would strand whatever its phases did.
 var ErrKeyUnfinished = errors.New("atomicphase: idempotency key unfinished and not parked")
+
+// ErrOutcomeUnsettled is returned by Forget for a parked key that may have
+// paid without knowing it: the outcome of its foreign call is unknown
+// (KeyInfo.UnknownAt), or a call it was making may still be acted on by
+// the downstream (KeyInfo.CallUntil). Forgetting it would let the client's
+// retry run as a new request, with new downstream keys, and pay again.
+// Record a verdict (RecordResolution) once the downstream says what
+// happened, or give the key up with ForgetForced and a reason.
+var ErrOutcomeUnsettled = errors.New("atomicphase: idempotency key's foreign call outcome is unknown or the call may be in flight; forgetting it could pay twice")
 
 // Unpark makes an unfinished key eligible for the next sweep at once: it
 // clears the parked mark and any backoff, and gives the key a fresh budget
@@ -95,20 +105,62 @@ func (r *Runner) Unpark(ctx context.Context, scope, key string) error {
 // by a since-fixed bug is not replayed forever, or a parked request is given
 // up. The same client key is then a new request, with new downstream keys:
 // nothing its earlier phases did is re-linked, and nothing is undone. It
-// returns ErrKeyNotFound for a key never recorded and ErrKeyUnfinished for
-// one still in progress or waiting to be resumed.
+// returns ErrKeyNotFound for a key never recorded, ErrKeyUnfinished for
+// one still in progress or waiting to be resumed, and ErrOutcomeUnsettled
+// for a parked key whose call's outcome is unknown or whose call may be in
+// flight (ForgetForced is the way to give one up).
 func (r *Runner) Forget(ctx context.Context, scope, key string) error {
-	ok, err := r.store.Forget(ctx, r.poolFor(scope), scope, key)
+	_, err := r.forget(ctx, scope, key, false)
+	return err
+}
+
+// ForgetForced is Forget for a key that Forget refuses with
+// ErrOutcomeUnsettled: an operator who has settled the call's outcome with
+// the downstream some other way gives the key up. actor (who) and reason
+// (why) are required; the entry, with the key's recovery point, downstream
+// salt and unknown-outcome mark, goes to the audit trail before the key is
+// deleted, so that the payment it may have made can still be found. Keys
+// in progress or waiting to be resumed are still refused
+// (ErrKeyUnfinished).
+func (r *Runner) ForgetForced(ctx context.Context, scope, key, actor, reason string) error {
+	if strings.TrimSpace(actor) == "" || strings.TrimSpace(reason) == "" {
+		return errors.New("atomicphase: ForgetForced needs who forces it (actor) and why (reason), for the audit trail")
+	}
+	info, err := r.Inspect(ctx, scope, key)
 	if err != nil {
-		return storeError("forget key", err)
+		return err
 	}
-	if ok {
-		return nil
+	detail, _ := json.Marshal(map[string]any{ // plain values: cannot fail
+		"forced": true, "status_before": info.Status, "recovery_point": info.RecoveryPoint,
+		"unknown_at": info.UnknownAt, "call_until": info.CallUntil, "downstream_keys": info.DownstreamKeys,
+	})
+	// The trail first: a forced forget that the trail does not show must
+	// not happen. (A refusal below leaves an entry of an attempt that
+	// deleted nothing; its error says so to the operator.)
+	if err := r.RecordAudit(ctx, &AuditEntry{Scope: scope, Key: key, Actor: actor, Action: "forget", Note: reason, Detail: detail}); err != nil {
+		return err
 	}
-	if _, ierr := r.Inspect(ctx, scope, key); ierr != nil {
-		return ierr
+	_, err = r.forget(ctx, scope, key, true)
+	return err
+}
+
+// forget deletes the key, unsettled too when force is set.
+func (r *Runner) forget(ctx context.Context, scope, key string, force bool) (*keystore.Forgotten, error) {
+	gone, err := r.store.Forget(ctx, r.poolFor(scope), scope, key, force)
+	if err != nil {
+		return nil, storeError("forget key", err)
 	}
-	return ErrKeyUnfinished
+	if gone != nil {
+		return gone, nil
+	}
+	info, ierr := r.Inspect(ctx, scope, key)
+	switch {
+	case ierr != nil:
+		return nil, ierr
+	case (info.Status == KeyFinished || info.Status == KeyParked) && info.Unsettled:
+		return nil, ErrOutcomeUnsettled
+	}
+	return nil, ErrKeyUnfinished
 }
 
 // RecordResolution settles by hand whether the foreign call an unfinished

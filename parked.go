@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 )
 
@@ -22,6 +23,14 @@ type BulkOpts struct {
 	// DryRun lists the keys the call would act on, and changes nothing.
 	// Defaults to false.
 	DryRun bool
+	// Force makes ForgetKeys forget the keys that Forget refuses with
+	// ErrOutcomeUnsettled too, each through ForgetForced, with Actor and
+	// Reason (both required with Force) recorded in its audit trail.
+	// Without it such keys are skipped, and a dry run lists them with
+	// KeyInfo.Unsettled set. Defaults to false.
+	Force bool
+	// Actor and Reason are who forces a forget and why (Force).
+	Actor, Reason string
 }
 
 // ForgetKeys forgets (as Forget does) every key f selects, at most
@@ -29,11 +38,21 @@ type BulkOpts struct {
 // the keys it forgot, or with opts.DryRun the keys it would forget. Only
 // parked and finished keys can be forgotten: f.Status must be KeyParked
 // (the default) or KeyFinished. A key that changed since it was listed (a
-// retry took it, say) is skipped, as Forget would refuse it.
+// retry took it, say) is skipped, as Forget would refuse it. So is a key
+// whose call's outcome is unknown or whose call may be in flight
+// (ErrOutcomeUnsettled, KeyInfo.Unsettled), unless opts.Force gives who
+// forces it and why.
 func (r *Runner) ForgetKeys(ctx context.Context, f *KeyFilter, opts *BulkOpts) ([]*KeyInfo, error) {
+	force := opts != nil && opts.Force
+	if force && (strings.TrimSpace(opts.Actor) == "" || strings.TrimSpace(opts.Reason) == "") {
+		return nil, errors.New("atomicphase: ForgetKeys: BulkOpts.Force needs who forces it (Actor) and why (Reason), for the audit trail")
+	}
 	return r.bulk(ctx, "ForgetKeys", f, opts, []KeyStatus{KeyParked, KeyFinished}, func(k *KeyInfo) error {
 		err := r.Forget(ctx, k.Scope, k.Key)
-		if errors.Is(err, ErrKeyUnfinished) || errors.Is(err, ErrKeyNotFound) {
+		if force && errors.Is(err, ErrOutcomeUnsettled) {
+			err = r.ForgetForced(ctx, k.Scope, k.Key, opts.Actor, opts.Reason)
+		}
+		if errors.Is(err, ErrKeyUnfinished) || errors.Is(err, ErrKeyNotFound) || errors.Is(err, ErrOutcomeUnsettled) {
 			return errSkipped
 		}
 		return err
@@ -93,7 +112,8 @@ func (r *Runner) bulk(ctx context.Context, what string, f *KeyFilter, opts *Bulk
 }
 
 // ReapParked deletes, in one statement, at most batch keys parked longer
-// than olderThan ago, logs each (with its last error) and reports it
+// than olderThan ago (never one whose call's outcome is unknown or whose
+// call may be in flight: KeyInfo.Unsettled), logs each (with its last error) and reports it
 // (EventParkedReaped), and returns how many it deleted. The Sweeper calls
 // it on every sweep with SweepConfig.ParkedRetention; it is also for a cron
 // job or the CLI.

@@ -148,7 +148,7 @@ func statusOf(err error) int {
 	case errors.Is(err, atomicphase.ErrKeyNotFound):
 		return http.StatusNotFound
 	case errors.Is(err, atomicphase.ErrKeyFinished), errors.Is(err, atomicphase.ErrKeyUnfinished),
-		errors.Is(err, atomicphase.ErrInProgress):
+		errors.Is(err, atomicphase.ErrInProgress), errors.Is(err, atomicphase.ErrOutcomeUnsettled):
 		return http.StatusConflict
 	}
 	return http.StatusInternalServerError
@@ -193,6 +193,10 @@ type bulkResult struct {
 	Selected int  `json:"selected"`
 	More     bool `json:"more"`
 	Limit    int  `json:"limit"`
+	// Unsettled counts, for a forget, the selected keys whose call's
+	// outcome is unknown or whose call may be in flight: the forget skips
+	// them (atomicphase.ErrOutcomeUnsettled), and the dry run says so.
+	Unsettled int `json:"unsettled"`
 	// Sample are the first keys selected (a dry run shows them).
 	Sample []*atomicphase.KeyInfo `json:"sample"`
 	// Done and Failed count the keys changed and those the action refused
@@ -222,6 +226,9 @@ func (h *Handler) bulkDo(ctx context.Context, actor, action string, f *atomicpha
 		filter[k] = v[0]
 	}
 	for i, k := range pg.Keys {
+		if action == "forget" && k.Unsettled {
+			res.Unsettled++
+		}
 		if i < 10 {
 			res.Sample = append(res.Sample, h.redacted(k))
 		}

@@ -230,6 +230,27 @@ func TestBulkUnparkDryRunThenConfirm(t *testing.T) {
 	require.Contains(t, body, "a bulk action needs a filter")
 }
 
+// A parked key whose call's outcome is unknown is flagged by the bulk
+// forget's dry run and refused by the forget itself: forgetting it would
+// let a retry pay again.
+func TestBulkForgetSkipsUnsettledKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET unknown_at = now() WHERE scope = 'bob' AND idempotency_key = 'parked-1'`)
+	require.NoError(t, err)
+	_, page := b.get(t, "/keys?status=parked&scope=bob&list=1")
+	tok := csrf(t, page)
+	form := url.Values{"csrf": {tok}, "status": {"parked"}, "scope": {"bob"}, "action": {"forget"}}
+	code, body := b.post(t, "/bulk", form)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, text(body), "1 of them may have paid without knowing it")
+	form.Set("confirm", "yes")
+	code, body = b.post(t, "/bulk", form)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, text(body), "forget: 2 done, 1 refused")
+	require.Equal(t, atomicphase.KeyParked, b.inspect(t, "bob", "parked-1").Status, "the unsettled key stays")
+}
+
 func TestReadOnlyConsoleRefusesActions(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &Options{ReadOnly: true})

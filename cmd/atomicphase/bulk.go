@@ -82,10 +82,12 @@ func (b *bulkFlags) bulk(args []string) (bool, error) {
 // selects: act is Runner.ForgetKeys or Runner.UnparkKeys; verb says what it
 // does, for the report. Without --yes a real run asks for confirmation
 // first, naming how many keys.
-func (c *cli) runBulk(ctx context.Context, b *bulkFlags, yes bool, verb string,
+func (c *cli) runBulk(ctx context.Context, b *bulkFlags, yes bool, verb string, opts atomicphase.BulkOpts,
 	act func(*atomicphase.Runner, context.Context, *atomicphase.KeyFilter, *atomicphase.BulkOpts) ([]*atomicphase.KeyInfo, error)) error {
 	return c.withRunner(ctx, func(r *atomicphase.Runner) error {
-		keys, err := act(r, ctx, &b.filter, &atomicphase.BulkOpts{DryRun: true})
+		dry := opts
+		dry.DryRun = true
+		keys, err := act(r, ctx, &b.filter, &dry)
 		if err != nil {
 			return err
 		}
@@ -93,6 +95,11 @@ func (c *cli) runBulk(ctx context.Context, b *bulkFlags, yes bool, verb string,
 		case b.dryRun:
 			if err := c.writeKeyTable(keys); err != nil {
 				return err
+			}
+			if verb == "forgotten" && !opts.Force {
+				if err := c.writeUnsettled(keys); err != nil {
+					return err
+				}
 			}
 			_, err := fmt.Fprintf(c.stdout, "dry run: %d keys would be %s; nothing changed\n", len(keys), verb)
 			return err
@@ -108,7 +115,7 @@ func (c *cli) runBulk(ctx context.Context, b *bulkFlags, yes bool, verb string,
 				return errors.New("not confirmed: nothing changed (answer y, or pass --yes; --dry-run lists the keys)")
 			}
 		}
-		done, err := act(r, ctx, &b.filter, nil)
+		done, err := act(r, ctx, &b.filter, &opts)
 		if err != nil {
 			return err
 		}
@@ -118,6 +125,25 @@ func (c *cli) runBulk(ctx context.Context, b *bulkFlags, yes bool, verb string,
 		_, err = fmt.Fprintf(c.stdout, "%d keys %s\n", len(done), verb)
 		return err
 	})
+}
+
+// writeUnsettled names the keys of a forget's dry run that the forget
+// will skip: those that may have paid without knowing it.
+func (c *cli) writeUnsettled(keys []*atomicphase.KeyInfo) error {
+	n := 0
+	for _, k := range keys {
+		if k.Unsettled {
+			n++
+			if _, err := fmt.Fprintf(c.stdout, "UNSETTLED %s %s: its call's outcome is unknown or the call may be in flight; it will be skipped\n", k.Scope, k.Key); err != nil {
+				return err
+			}
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	_, err := fmt.Fprintf(c.stdout, "%d of these keys may have paid without knowing it: forgetting one lets a retry pay again. Record a verdict (atomicphase resolve), or pass --force --reason \"...\" (kept in each key's audit trail)\n", n)
+	return err
 }
 
 // capitalize is the imperative of a bulk action's past participle, for

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -13,7 +14,8 @@ import (
 )
 
 func (c *cli) forgetCmd() *cobra.Command {
-	var yes bool
+	var yes, force bool
+	var reason string
 	var b bulkFlags
 	cmd := &cobra.Command{
 		Use:   "forget (SCOPE KEY | --workflow W --status S --older-than D --error-contains T [--dry-run])",
@@ -28,6 +30,14 @@ Keys in progress, stale or abandoned are refused: their phases have done
 part of the work, and forgetting them would strand it. Let them finish, or
 wait until they are parked.
 
+A parked key whose foreign call's outcome is unknown, or whose call may
+still be in flight, is refused too (the bulk mode skips it, and --dry-run
+marks it UNSETTLED): a retry after the forget would run as a new request
+and could pay twice. Record a verdict with resolve once the downstream
+says what happened, or, having settled it some other way, pass --force
+with --reason; the reason, who forced it and the key's downstream
+references go to the key's audit trail.
+
 Given no SCOPE KEY but filters, forget acts on every key they select (parked
 keys unless --status finished is given), at most --limit of them, oldest
 first; --dry-run lists them and changes nothing.
@@ -38,6 +48,7 @@ forget asks for confirmation on standard input unless --yes is given.`),
 			`atomicphase forget user_42 4f1c9a7e-checkout --yes`,
 			`atomicphase forget --workflow create_ride --error-contains "check constraint" --dry-run`,
 			`atomicphase forget --status parked --older-than 72h --yes`,
+			`atomicphase forget user_42 payout-7 --force --reason "bank confirmed po_123 by phone"`,
 		),
 		Args: keyOrFilterArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -45,18 +56,25 @@ forget asks for confirmation on standard input unless --yes is given.`),
 			switch {
 			case err != nil:
 				return err
+			case force && strings.TrimSpace(reason) == "":
+				return usageErrorf("--force needs --reason: why the keys' outcomes are settled, for the audit trail")
+			case !force && reason != "":
+				return usageErrorf("--reason goes with --force")
 			case bulk:
-				return c.runBulk(cmd.Context(), &b, yes, "forgotten", (*atomicphase.Runner).ForgetKeys)
+				opts := atomicphase.BulkOpts{Force: force, Reason: reason, Actor: c.actor()}
+				return c.runBulk(cmd.Context(), &b, yes, "forgotten", opts, (*atomicphase.Runner).ForgetKeys)
 			}
-			return c.forget(cmd.Context(), args[0], args[1], yes)
+			return c.forget(cmd.Context(), args[0], args[1], yes, force, reason)
 		},
 	}
 	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation")
+	cmd.Flags().BoolVar(&force, "force", false, "forget keys whose call's outcome is unknown or whose call may be in flight too (needs --reason)")
+	cmd.Flags().StringVar(&reason, "reason", "", "with --force: why the outcome is settled, recorded in the audit trail")
 	b.add(cmd, "with no SCOPE KEY: parked (the default) or finished")
 	return cmd
 }
 
-func (c *cli) forget(ctx context.Context, scope, key string, yes bool) error {
+func (c *cli) forget(ctx context.Context, scope, key string, yes, force bool, reason string) error {
 	return c.withRunner(ctx, func(r *atomicphase.Runner) error {
 		info, err := r.Inspect(ctx, scope, key)
 		if errors.Is(err, atomicphase.ErrKeyNotFound) {
@@ -68,6 +86,9 @@ func (c *cli) forget(ctx context.Context, scope, key string, yes bool) error {
 		if err := forgettable(info); err != nil {
 			return err
 		}
+		if info.Unsettled && !force {
+			return unsettled(info)
+		}
 		if !yes {
 			fmt.Fprintf(c.stderr, "Forget %s key %q in scope %q (workflow %q, created %s)? A retry with this key will run as a new request. [y/N] ",
 				info.Status, key, scope, info.Workflow, timeCell(info.CreatedAt))
@@ -76,8 +97,14 @@ func (c *cli) forget(ctx context.Context, scope, key string, yes bool) error {
 				return errors.New("not confirmed: nothing deleted (answer y, or pass --yes)")
 			}
 		}
-		err = r.Forget(ctx, scope, key)
+		if force {
+			err = r.ForgetForced(ctx, scope, key, c.actor(), reason)
+		} else {
+			err = r.Forget(ctx, scope, key)
+		}
 		switch {
+		case errors.Is(err, atomicphase.ErrOutcomeUnsettled):
+			return unsettled(info)
 		case errors.Is(err, atomicphase.ErrKeyNotFound):
 			return keyNotFound(scope, key)
 		case errors.Is(err, atomicphase.ErrKeyUnfinished):
@@ -93,12 +120,29 @@ func (c *cli) forget(ctx context.Context, scope, key string, yes bool) error {
 		case err != nil:
 			return err
 		}
-		if err := c.audit(ctx, r, scope, key, "forget", "", map[string]any{"status_before": info.Status}); err != nil {
-			return err
+		if !force { // ForgetForced recorded its own entry
+			if err := c.audit(ctx, r, scope, key, "forget", "", map[string]any{"status_before": info.Status}); err != nil {
+				return err
+			}
 		}
 		_, err = fmt.Fprintf(c.stdout, "forgot %s key %q in scope %q\n", info.Status, key, scope)
 		return err
 	})
+}
+
+// unsettled is the refusal to forget a key that may have paid without
+// knowing it.
+func unsettled(k *atomicphase.KeyInfo) error {
+	refs := make([]string, 0, len(k.DownstreamKeys))
+	for phase, ref := range k.DownstreamKeys {
+		refs = append(refs, phase+"="+ref)
+	}
+	slices.Sort(refs)
+	if len(refs) == 0 {
+		refs = []string{"see the key's downstream keys in its workflow's service"}
+	}
+	return fmt.Errorf("key %q in scope %q is parked with its call's outcome unknown or the call possibly in flight: forgetting it lets a retry run as a new request and pay again. Ask the downstream (references: %s) and record a verdict with resolve, or pass --force --reason \"...\"",
+		k.Key, k.Scope, strings.Join(refs, ", "))
 }
 
 // forgettable says why a key may not be forgotten, or nil if it may.

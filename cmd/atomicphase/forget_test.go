@@ -56,3 +56,39 @@ func TestForgetRefusals(t *testing.T) {
 	require.Equal(t, exitFailure, res.code)
 	require.Contains(t, res.stderr, `no key "missing" in scope "bob"`)
 }
+
+// A parked key whose call's outcome is unknown is refused, skipped by the
+// bulk forget and marked by its dry run; --force with --reason forgets it
+// and records who and why.
+func TestForgetUnsettled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.exec(t, `UPDATE idempotency_keys SET unknown_at = now() WHERE idempotency_key = 'parked-1'`)
+
+	res := b.run(t, "forget", "--yes", "bob", "parked-1")
+	require.Equal(t, exitFailure, res.code)
+	require.Contains(t, res.stderr, `key "parked-1" in scope "bob" is parked with its call's outcome unknown`)
+	require.True(t, b.keyExists(t, "parked-1"))
+
+	res = b.run(t, "forget", "--status", "parked", "--dry-run")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, "UNSETTLED bob parked-1")
+	res = b.run(t, "forget", "--status", "parked", "--yes")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, "0 keys forgotten")
+	require.True(t, b.keyExists(t, "parked-1"))
+
+	res = b.run(t, "forget", "--yes", "--force", "bob", "parked-1")
+	require.Equal(t, exitUsage, res.code)
+	require.Contains(t, res.stderr, "--force needs --reason")
+
+	res = runCLI(t, map[string]string{"USER": "dana"}, "", "--database-url", b.db.URL, "forget", "--yes", "--force", "--reason", "bank says no payout", "bob", "parked-1")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.False(t, b.keyExists(t, "parked-1"))
+	trail, err := b.runner.AuditTrail(b.ctx, "bob", "parked-1", 0)
+	require.NoError(t, err)
+	require.Len(t, trail, 1)
+	require.Equal(t, "bank says no payout", trail[0].Note)
+	require.Contains(t, string(trail[0].Detail), `"forced": true`)
+	require.NotEmpty(t, trail[0].Actor)
+}

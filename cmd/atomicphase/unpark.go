@@ -74,7 +74,7 @@ at most --limit of them, oldest first, after asking (unless --yes);
 			case err != nil:
 				return err
 			case bulk:
-				return c.runBulk(cmd.Context(), &b, yes, "unparked", (*atomicphase.Runner).UnparkKeys)
+				return c.runBulk(cmd.Context(), &b, yes, "unparked", atomicphase.BulkOpts{}, (*atomicphase.Runner).UnparkKeys)
 			}
 			return c.unpark(cmd.Context(), "unpark", args[0], args[1], func(before *atomicphase.KeyInfo) string {
 				if before.Status != atomicphase.KeyParked {

@@ -31,6 +31,15 @@ type Info struct {
 	ResolvedAt       *time.Time
 	ResolvedResult   []byte
 	ParkedAt         *time.Time
+	// Unsettled is set while the outcome of the key's foreign call is
+	// unknown or a call may be in flight (see unsettledSQL).
+	Unsettled bool
+	// CallUntil is the end of the quiet period of a foreign call the key
+	// was marked as making; nil when none was marked.
+	CallUntil *time.Time
+	// DownstreamSalt salts the key's downstream keys ("" on rows older
+	// than it).
+	DownstreamSalt string
 	// StatusCode, Header and Body are the stored response; StatusCode is
 	// nil until the key is finished.
 	StatusCode *int
@@ -62,12 +71,21 @@ const statusSQL = `CASE
     WHEN /* TEMPLATE: schema */atomicphase_held_until(locked_at, lease_us, call_until, $3) < now() THEN 'stale'
     ELSE 'in_progress' END`
 
+// unsettledSQL is true while a key may have paid and not know it: the
+// outcome of its foreign call is unknown (unknown_at, cleared only by the
+// checkpoint that records the call's result), or a call it was marked as
+// making may still be acted on by the downstream (call_until, the lease's
+// end plus the call grace, not yet past). Forgetting or reaping such a key
+// would let a retry record it anew, with a new downstream salt, and pay
+// again (guarantee 18): Forget and ReapParked leave it alone.
+const unsettledSQL = `(unknown_at IS NOT NULL OR coalesce(call_until >= now(), false))`
+
 // infoColumns are the columns an Info is scanned from.
 const infoColumns = `scope, idempotency_key AS key, workflow, recovery_point,
        request_method, request_path, fingerprint,
        ` + statusSQL + ` AS status,
        locked_at IS NOT NULL AS locked, lock_token, state, attempts, last_error,
-       next_attempt_at, parked_at, unknown_at, resolved_happened, resolved_note, resolved_at, resolved_result,
+       next_attempt_at, parked_at, unknown_at, ` + unsettledSQL + ` AS unsettled, call_until, coalesce(downstream_salt::text, '') AS downstream_salt, resolved_happened, resolved_note, resolved_at, resolved_result,
        extract(epoch FROM /* TEMPLATE: schema */atomicphase_lock_expires(locked_at, lease_us, call_until, $3, now()) - now())::float8 AS lock_expires_in,
        response_status AS status_code, response_header AS header, response_body AS body,
        created_at, updated_at, finished_at`

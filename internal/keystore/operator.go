@@ -3,6 +3,7 @@ package keystore
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -27,14 +28,33 @@ func (s *Store) Unpark(ctx context.Context, db DB, scope, key string) (bool, err
 
 const forgetSQL = `
 DELETE FROM /* TEMPLATE: schema */idempotency_keys
-WHERE scope = $1 AND idempotency_key = $2
-  AND (response_status IS NOT NULL OR (parked_at IS NOT NULL AND locked_at IS NULL))`
+WHERE scope = $1::text AND idempotency_key = $2::text
+  AND (response_status IS NOT NULL OR (parked_at IS NOT NULL AND locked_at IS NULL))
+  AND ($3::boolean OR NOT ` + unsettledSQL + `)
+RETURNING recovery_point, downstream_salt::text, unknown_at, call_until`
 
-// Forget deletes a finished key, or a parked one nobody holds. It reports
-// false, changing nothing, for any other key or an absent one.
-func (s *Store) Forget(ctx context.Context, db DB, scope, key string) (bool, error) {
-	tag, err := db.Exec(ctx, s.sql.forget, scope, key)
-	return tag.RowsAffected() == 1, err
+// Forgotten is what Forget deleted: where the key stood, and what a
+// downstream knows it by.
+type Forgotten struct {
+	RecoveryPoint  string
+	DownstreamSalt *string
+	UnknownAt      *time.Time
+	CallUntil      *time.Time
+}
+
+// Forget deletes a finished key, or a parked one nobody holds, unless it
+// is unsettled (see unsettledSQL) and force is false. It returns nil,
+// changing nothing, for any other key or an absent one.
+func (s *Store) Forget(ctx context.Context, db DB, scope, key string, force bool) (*Forgotten, error) {
+	var f Forgotten
+	err := db.QueryRow(ctx, s.sql.forget, scope, key, force).Scan(&f.RecoveryPoint, &f.DownstreamSalt, &f.UnknownAt, &f.CallUntil)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &f, nil
 }
 
 // recordResolutionSQL: see atomicphase_record_verdict in schema.sql.

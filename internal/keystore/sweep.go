@@ -125,7 +125,9 @@ func (s *Store) Reap(ctx context.Context, db DB, olderThan time.Duration, batch 
 }
 
 // reapParkedSQL deletes one batch of parked keys parked longer ago than the
-// parked retention, and returns each one deleted, for the log. Like reapSQL
+// parked retention, and returns each one deleted, for the log. A key that
+// may have paid without knowing it (unsettledSQL) is never reaped: it waits
+// for a verdict, or an operator's forced forget. Like reapSQL
 // it reads and deletes on every shard; the DELETE matches parked_at and
 // the unheld, unfinished state again, so a key unparked, taken or finished
 // in between is left alone.
@@ -135,9 +137,10 @@ WHERE (scope, idempotency_key, parked_at) IN (
     SELECT scope, idempotency_key, parked_at FROM /* TEMPLATE: schema */idempotency_keys
     WHERE response_status IS NULL AND parked_at IS NOT NULL
       AND parked_at < now() - $1::bigint * interval '1 microsecond'
+      AND NOT ` + unsettledSQL + `
     ORDER BY parked_at
     LIMIT $2::integer)
-  AND response_status IS NULL AND locked_at IS NULL
+  AND response_status IS NULL AND locked_at IS NULL AND NOT ` + unsettledSQL + `
 RETURNING scope, idempotency_key, workflow, coalesce(last_error, '')`
 
 // ReapedKey is a parked key ReapParked deleted.
