@@ -111,7 +111,6 @@ func TestForcedBulkForgetIsAudited(t *testing.T) {
 	require.Equal(t, "settled with the bank", trail[0].Note)
 }
 
-
 // The reproduction: after each way of deleting the parked, unknown key
 // (forget, bulk forget, the reap), the client retries with the bank and
 // its lookups healthy again. Before, each deleted the key, the retry
