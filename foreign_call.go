@@ -216,7 +216,7 @@ func (a *attempt) callPhase(ctx context.Context, st *step, state []byte) ([]byte
 	// made through it leaves the call's one claim unspent.
 	out, happened, err := a.reconcile(lctx, st, newForeignCall(key), state)
 	if err != nil || happened {
-		if lerr := l.end(); lerr != nil {
+		if lerr := l.end(); lerr != nil && !ownLateLease(lerr, err) {
 			return nil, lerr
 		}
 		if err != nil {
@@ -232,9 +232,10 @@ func (a *attempt) callPhase(ctx context.Context, st *step, state []byte) ([]byte
 	if errors.Is(ferr, ErrCrashed) {
 		return nil, ferr // a dead process ends and marks nothing
 	}
-	if lerr := l.end(); lerr != nil {
-		// The call's context ended with the lease: whatever it returned,
-		// nothing of it may be committed now.
+	if lerr := l.end(); lerr != nil && !ownLateLease(lerr, errors.Join(err, ferr)) {
+		// Another attempt took the key, or the call's context ended with
+		// the lease and the call failed: nothing of it may be committed
+		// now.
 		return nil, lerr
 	}
 	if err != nil && st.reconcile != nil {
@@ -263,6 +264,15 @@ func (a *attempt) callPhase(ctx context.Context, st *step, state []byte) ([]byte
 		a.r.observe(ctx, Event{Kind: EventUnknown, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: st.name, Err: err})
 	}
 	return out, err
+}
+
+// ownLateLease reports whether a lease's end error lerr was only its own
+// renewals running late (no other attempt took the key) while the work it
+// covered succeeded (err nil): the work's result is then kept, and its
+// commit, fenced by the lock token, decides. A call's result is never
+// dropped for a lease problem on this side.
+func ownLateLease(lerr, err error) bool {
+	return err == nil && errors.Is(lerr, errLeaseExpired)
 }
 
 // callEnded marks the key's foreign call as over, best effort: when it was

@@ -18,11 +18,20 @@ import (
 // The attempt keeps the local time at which it sent the last statement that
 // renewed the lease (leaseFrom): the database started the lease no earlier,
 // so leaseFrom + LockTimeout is a deadline the lease cannot end before, and
-// the attempt treats it as the end. When a renewal fails (the token moved
-// on) or cannot be made before that deadline (the database is out of
-// reach), the lease cancels the context of the work it covers, with
-// ErrLockLost as the cause, and the attempt commits nothing afterwards: a
-// call's context never outlives the lease.
+// the attempt treats it as the end. When a renewal finds that the token
+// moved on (another attempt took the key), the lease cancels the context of
+// the work it covers, with ErrLockLost as the cause, and the attempt
+// commits nothing afterwards.
+//
+// A renewal that is merely late (the pool is busy, perhaps with the very
+// unit the lease covers; the database is slow or out of reach) cancels
+// nothing and loses nothing: it is tried again until it takes or the work
+// ends, and what the work produced is committed all the same, fenced by
+// the lock token, which refuses the commit only if another attempt did
+// take the key meanwhile. The one exception is a marked call (a downstream
+// without idempotency keys): its context never outlives the lease, so
+// that once the lease plus Config.CallGrace has passed no call of this
+// attempt can still be acted on when another attempt reconciles.
 //
 // A foreign call is also marked on the row (call_until) before it goes out:
 // until the lease it runs under has ended plus Config.CallGrace, no other
@@ -33,12 +42,20 @@ import (
 // time.
 var errLeaseExpired = fmt.Errorf("%w: the lease could not be renewed before it ended", ErrLockLost)
 
+// renewRetry is how soon a renewal that failed (not refused) is tried
+// again, as a fraction of the lease.
+const renewRetry = 10
+
 // lease renews an attempt's hold on its key while it works.
 type lease struct {
 	a      *attempt
 	ttl    time.Duration
 	call   *time.Duration // the call mark renewals set, or nil
 	cancel context.CancelCauseFunc
+	// stop ends a renewal in flight when the lease ends (end), so that end
+	// never waits for a renewal queued behind a busy pool.
+	stopCtx context.Context
+	stop    context.CancelFunc
 
 	mu      sync.Mutex
 	from    time.Time // local send time of the last renewal that took
@@ -57,6 +74,7 @@ type lease struct {
 func (a *attempt) hold(ctx context.Context, call bool) (*lease, context.Context, error) {
 	l := &lease{a: a, ttl: a.r.cfg.LockTimeout, from: a.leaseFrom}
 	ctx, l.cancel = context.WithCancelCause(ctx)
+	l.stopCtx, l.stop = context.WithCancel(context.Background())
 	if call {
 		d := l.ttl + a.r.cfg.CallGrace
 		l.call = &d
@@ -65,9 +83,11 @@ func (a *attempt) hold(ctx context.Context, call bool) (*lease, context.Context,
 		switch {
 		case err != nil:
 			l.cancel(nil)
+			l.stop()
 			return nil, nil, storeError("mark a foreign call", err)
 		case !ok:
 			l.cancel(nil)
+			l.stop()
 			return nil, nil, ErrLockLost
 		}
 		l.from = sent
@@ -90,7 +110,9 @@ func (l *lease) schedule(now time.Time) {
 	l.timer = time.AfterFunc(next, l.tick)
 }
 
-// tick renews the lease, or ends it when its deadline has passed.
+// tick renews the lease. A marked call's lease ends, cancelling the call,
+// when its deadline has passed without a renewal; any other lease keeps
+// trying.
 func (l *lease) tick() {
 	l.mu.Lock()
 	if l.stopped {
@@ -101,11 +123,17 @@ func (l *lease) tick() {
 	defer l.ticks.Done()
 	deadline := l.from.Add(l.ttl)
 	l.mu.Unlock()
-	if !time.Now().Before(deadline) {
-		l.lose(errLeaseExpired)
-		return
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if l.call != nil {
+		if !time.Now().Before(deadline) {
+			l.lose(errLeaseExpired)
+			return
+		}
+		ctx, cancel = context.WithDeadline(l.stopCtx, deadline)
+	} else {
+		ctx, cancel = context.WithTimeout(l.stopCtx, l.ttl/3)
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	sent := time.Now()
 	ok, err := l.a.r.store.Renew(ctx, l.a.r.poolFor(l.a.scope), l.a.scope, l.a.key, l.a.token, l.call)
 	cancel()
@@ -121,10 +149,14 @@ func (l *lease) tick() {
 	case err == nil:
 		l.from = sent
 		l.schedule(time.Now())
-	default:
+	case l.call != nil:
 		// Out of reach: try again soon, until the deadline.
-		retry := min(l.ttl/10, time.Until(deadline))
+		retry := min(l.ttl/renewRetry, time.Until(deadline))
 		l.timer = time.AfterFunc(max(retry, 0), l.tick)
+	default:
+		// Late or out of reach: try again soon. The work goes on; its
+		// commit is fenced by the token.
+		l.timer = time.AfterFunc(l.ttl/renewRetry, l.tick)
 	}
 }
 
@@ -143,24 +175,26 @@ func (l *lease) loseLocked(err error) {
 	}
 }
 
-// end stops renewing and returns ErrLockLost (wrapped) when the lease was
-// lost or ran out, or is about to: what the work produced must then not be
-// committed. The attempt's lease continues from the last renewal that took.
+// end stops renewing (a renewal in flight is abandoned, not waited for)
+// and returns ErrLockLost (wrapped) when a renewal found the key taken by
+// another attempt, or a marked call's lease ran out and cancelled it: what
+// the work produced must then not be committed. A lease that merely went
+// unrenewed returns nil: the commit that follows is fenced by the token.
+// The attempt's lease continues from the last renewal that took.
 func (l *lease) end() error {
 	l.mu.Lock()
 	l.stopped = true
 	if l.timer != nil {
 		l.timer.Stop()
 	}
-	err := l.err
-	from := l.from
 	l.mu.Unlock()
+	l.stop()
 	l.ticks.Wait()
+	l.mu.Lock()
+	err, from := l.err, l.from
+	l.mu.Unlock()
 	if from.After(l.a.leaseFrom) {
 		l.a.leaseFrom = from
-	}
-	if err == nil && !time.Now().Before(from.Add(l.ttl)) {
-		err = errLeaseExpired
 	}
 	return err
 }
