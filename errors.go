@@ -171,12 +171,22 @@ type InProgressError struct {
 	// LockExpiresIn is how long until the current holder's lock goes stale
 	// and a retry may take the key over.
 	LockExpiresIn time.Duration
+	// Err, when set, says why the key is held elsewhere: its workflow
+	// version runs in another deployment, which the retry (through the
+	// load balancer) or that deployment's sweep reaches.
+	Err error
 }
 
 // Error describes the conflict and the retry-after hint.
 func (e *InProgressError) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("%v (retry after %s)", e.Err, e.RetryAfter)
+	}
 	return fmt.Sprintf("%s (retry after %s)", ErrInProgress.Error(), e.RetryAfter)
 }
+
+// Unwrap returns Err.
+func (e *InProgressError) Unwrap() error { return e.Err }
 
 // Is reports whether target is ErrInProgress.
 func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }

@@ -83,7 +83,9 @@ type KeyStatus string
 
 // The statuses of a key.
 const (
-	// KeyInProgress: an attempt holds the key's lock, and it is not stale.
+	// KeyInProgress: an attempt holds the key's lock, and it is not stale,
+	// or a foreign call's quiet period still holds the key after its
+	// attempt ended (LockExpiresIn says until when).
 	KeyInProgress KeyStatus = keystore.StatusInProgress
 	// KeyStale: the key's lock is older than the lock timeout: its holder
 	// died or is slow, and the next retry or sweep takes it over.

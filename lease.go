@@ -84,6 +84,10 @@ func (a *attempt) hold(ctx context.Context, call bool) (*lease, context.Context,
 		case err != nil:
 			l.cancel(nil)
 			l.stop()
+			// The mark's fate is unknown (its answer may be what was
+			// lost), and nothing was sent: end it by the token now, so
+			// that it does not hold the key for the lease and the grace.
+			a.callEnded(ctx, false)
 			return nil, nil, storeError("mark a foreign call", err)
 		case !ok:
 			l.cancel(nil)

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -589,4 +590,51 @@ func TestLeaseRenewalBehindABusyPoolLosesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, atomicphase.KeyFinished, info.Status)
 	require.Equal(t, 1, info.Attempts)
+}
+
+// A lost answer to the statement that marks a call (nothing was sent: the
+// bank got no call) does not hold the key for the lease plus the call
+// grace: the attempt ends the mark by its token as soon as a connection
+// allows, and the next retry reconciles and pays at once, once. Before, the
+// key was held for LockTimeout + CallGrace while every retry was told to
+// come back in a second, and inspect called it abandoned.
+func TestLostCallMarkAnswerDoesNotHoldTheKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	bk := newBank()
+	wf := payoutWorkflow(bk)
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	var armed atomic.Bool
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &answerLosingConn{Conn: c, armed: &armed}, nil
+	}
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	var lost atomic.Bool
+	r, err := atomicphase.NewRunner(pool, &atomicphase.Config{CallGrace: time.Minute,
+		FaultInjector: atomicphase.FaultInjectorFunc(func(_ context.Context, at atomicphase.FaultPoint, _ *pgx.Conn) error {
+			if at.Phase == "pay" && at.Place == atomicphase.BeforePhase && lost.CompareAndSwap(false, true) {
+				armed.Store(true) // the next statement is the call's mark: lose its answer
+			}
+			return nil
+		})})
+	require.NoError(t, err)
+	_, err = r.Run(b.ctx, wf, payoutRequest("k"))
+	require.Error(t, err)
+	require.True(t, atomicphase.Retryable(err))
+	require.Zero(t, bk.calls.Load(), "nothing was sent")
+
+	info, err := r.Inspect(b.ctx, "driver_1", "k")
+	require.NoError(t, err)
+	require.NotEqual(t, atomicphase.KeyInProgress, info.Status, "the hold ended with the attempt")
+	resp, err := r.Run(b.ctx, wf, payoutRequest("k"))
+	require.NoError(t, err, "the retry is not held off")
+	require.Equal(t, 201, resp.Status)
+	require.EqualValues(t, 1, bk.calls.Load(), "paid once")
 }

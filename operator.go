@@ -233,7 +233,7 @@ func (r *Runner) recordResolution(ctx context.Context, scope, key string, happen
 	case info.Response != nil:
 		return ErrKeyFinished
 	default:
-		return inProgress(info.LockExpiresIn)
+		return inProgress(info.LockExpiresIn, false)
 	}
 }
 

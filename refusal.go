@@ -40,7 +40,7 @@ func (r *Runner) refused(ctx context.Context, row *keystore.Row, mismatch bool, 
 	case row.OverLimit:
 		e.Kind, err = EventOverLimit, &TooManyKeysError{Limit: r.cfg.MaxUnfinishedPerScope, RetryAfter: time.Second}
 	default:
-		e.Kind, err = EventInProgress, inProgress(row.LockExpiresIn)
+		e.Kind, err = EventInProgress, inProgress(row.LockExpiresIn, row.Unheld)
 	}
 	r.observe(ctx, e)
 	return resp, err

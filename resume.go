@@ -74,7 +74,7 @@ func (r *Runner) resume(ctx context.Context, scope, key string, opts resumeOpts)
 			return info.Response, nil
 		}
 		r.observe(ctx, Event{Kind: EventInProgress, Workflow: info.Workflow, Scope: scope, Key: key})
-		return nil, inProgress(info.LockExpiresIn)
+		return nil, inProgress(info.LockExpiresIn, false)
 	}
 	if _, ok := r.workflow(row.Workflow); !ok {
 		return nil, errors.Join(fmt.Errorf("%w: %q", ErrUnknownWorkflow, row.Workflow),

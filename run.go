@@ -108,7 +108,7 @@ func (r *Runner) run(ctx context.Context, wf AnyWorkflow, req *Request, fp Finge
 		return r.runNew(ctx, wf, req, fp, pc)
 	}
 	pc.Release()
-	if p.ResponseStatus != nil || !p.Takeable || !p.Same {
+	if p.ResponseStatus != nil || !p.Takeable || !p.Same || p.Parked {
 		return r.refused(ctx, &p.Row, !p.Same, wf, req)
 	}
 	// A failed or abandoned attempt's key: taken as any other.

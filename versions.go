@@ -91,7 +91,8 @@ func (r *Runner) notRunnableHere(ctx context.Context, row *keystore.Row, scope, 
 		if _, err := r.release(ctx, scope, key, row.LockToken, why, r.cfg.AttemptBackoff, parkNot, false); err != nil {
 			return err
 		}
-		return why
+		// In progress elsewhere: a 409 over HTTP, as for any held key.
+		return &InProgressError{RetryAfter: time.Second, Err: why}
 	}
 	why := fmt.Errorf("atomicphase: %s: deploy a build that registers it, then unpark the key", missing)
 	if _, err := r.release(ctx, scope, key, row.LockToken, why, 0, parkFinal, false); err != nil {

@@ -67,6 +67,7 @@ const statusSQL = `CASE
     WHEN response_status IS NOT NULL THEN 'finished'
     WHEN parked_at IS NOT NULL THEN 'parked'
     WHEN unknown_at IS NOT NULL AND locked_at IS NULL THEN 'unknown'
+    WHEN locked_at IS NULL AND call_until >= now() THEN 'in_progress'
     WHEN locked_at IS NULL THEN 'abandoned'
     WHEN /* TEMPLATE: schema */atomicphase_held_until(locked_at, lease_us, call_until, $3) < now() THEN 'stale'
     ELSE 'in_progress' END`

@@ -34,6 +34,10 @@ type Row struct {
 	TookOver       bool     // this acquisition took a stale lock
 	OverLimit      bool     // a new key refused: its scope has too many unfinished keys
 	Parked         bool     // a parked key refused: a client's retry does not run it again
+	// Unheld is set when no live lease holds the key, only a foreign
+	// call's mark (its quiet period): nobody will finish it before
+	// LockExpiresIn, so a retry is pointless before then. Peek sets it.
+	Unheld         bool
 	ResponseStatus *int
 	ResponseHeader []byte // JSON text, decoded only for a replay
 	ResponseBody   []byte
@@ -93,7 +97,9 @@ func (s *Store) Acquire(ctx context.Context, db DB, req *Request) (*Row, error) 
 const peekSQL = `
 SELECT workflow = $4::text AND fingerprint = $5::bytea, response_status, response_header::text, response_body,
        coalesce(/* TEMPLATE: schema */atomicphase_held_until(locked_at, lease_us, call_until, $3) < now(), true),
-       extract(epoch FROM /* TEMPLATE: schema */atomicphase_lock_expires(locked_at, lease_us, call_until, $3, now()) - now())::float8
+       extract(epoch FROM /* TEMPLATE: schema */atomicphase_lock_expires(locked_at, lease_us, call_until, $3, now()) - now())::float8,
+       coalesce(final_parked_at = parked_at, false),
+       coalesce(locked_at + coalesce(lease_us, $3) * interval '1 microsecond' >= now(), false)
 FROM /* TEMPLATE: schema */idempotency_keys
 WHERE scope = $1 AND idempotency_key = $2`
 
@@ -106,6 +112,8 @@ type Peeked struct {
 	Same bool
 	// Takeable is true when nobody holds the key (or its lock is stale).
 	Takeable bool
+	// (Row.Parked is true for a key parked for good, by a permanent
+	// failure: a retry is answered at once, whatever call mark is left.)
 }
 
 // Peek reads a request's key. found is false when the key does not exist.
@@ -119,9 +127,11 @@ func (s *Store) Peek(ctx context.Context, db DB, scope, key, workflow string, fi
 		status    pgtype.Int4
 		expiresIn pgtype.Float8
 		st        int
+		live      bool
 	}
 	err = db.QueryRow(ctx, s.sql.peek, scope, key, s.lockTimeoutArg, workflow, fingerprint).
-		Scan(&sc.p.Same, &sc.status, &sc.p.ResponseHeader, &sc.p.ResponseBody, &sc.p.Takeable, &sc.expiresIn)
+		Scan(&sc.p.Same, &sc.status, &sc.p.ResponseHeader, &sc.p.ResponseBody, &sc.p.Takeable, &sc.expiresIn,
+			&sc.p.Parked, &sc.live)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return p, false, nil
 	}
@@ -135,6 +145,7 @@ func (s *Store) Peek(ctx context.Context, db DB, scope, key, workflow string, fi
 	if sc.expiresIn.Valid {
 		sc.p.LockExpiresIn = &sc.expiresIn.Float64
 	}
+	sc.p.Unheld = !sc.p.Takeable && !sc.live
 	return sc.p, true, nil
 }
 
