@@ -172,9 +172,12 @@ func (r *Runner) RecordVersions(ctx context.Context) error {
 // process's heartbeat, on every sweep.
 //
 // A version another process recorded with another phase list (one
-// WorkflowOpts.Version declared for two definitions) is refused here from
-// then on: its keys are left to the process that recorded it first, and Run
-// answers its requests with the error.
+// WorkflowOpts.Version declared for two definitions) is refused here while
+// that process may still run it: its keys are left to the process that
+// recorded it first, and Run answers its requests with the error. Once no
+// process has recorded it for Config.VersionHorizon and no unfinished key
+// started under it (a rolled-back canary, say), the next announcement
+// takes the name for this definition.
 func (r *Runner) announce(ctx context.Context) error {
 	r.unrecorded.Store(false)
 	if !r.implicitCommits.Load() {
@@ -187,16 +190,22 @@ func (r *Runner) announce(ctx context.Context) error {
 	}
 	var errs []error
 	for _, wf := range r.registeredVersions() {
-		err := r.store.Announce(ctx, r.pool, wf.Name(), wf.Version(), wf.shape(), wf.phaseList())
+		err := r.store.Announce(ctx, r.pool, wf.Name(), wf.Version(), wf.shape(), wf.phaseList(), r.cfg.VersionHorizon)
+		ref := keystore.VersionRef(wf.Name(), wf.Version())
 		switch {
 		case errors.Is(err, keystore.ErrVersionShape):
 			r.mu.Lock()
-			r.conflicts[keystore.VersionRef(wf.Name(), wf.Version())] = fmt.Errorf("atomicphase: %w", err)
+			r.conflicts[ref] = fmt.Errorf("atomicphase: %w", err)
 			r.mu.Unlock()
 			errs = append(errs, err)
 		case err != nil:
 			r.unrecorded.Store(true)
 			return err
+		default:
+			// Recorded: the name is this definition's now, if it was not.
+			r.mu.Lock()
+			delete(r.conflicts, ref)
+			r.mu.Unlock()
 		}
 	}
 	return errors.Join(errs...)

@@ -408,6 +408,44 @@ func TestOneDeclaredVersionWithTwoPhaseListsIsRefused(t *testing.T) {
 	require.Equal(t, "b", info.RecoveryPoint, "nothing of build A's key ran under build B")
 }
 
+// A rolled-back canary declared "v3" for a phase list, and its processes
+// are gone (unseen past the horizon) with none of its keys unfinished: the
+// corrected build's own "v3" takes the name and serves its requests. While
+// the canary's process may still run it, or a key of it is unfinished, the
+// name stays the canary's. Before, the corrected build refused every
+// request for ever.
+func TestGoneAndDrainedDeclaredVersionCanBeReused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	mk := func(phases ...string) *atomicphase.Workflow[revSt] {
+		return atomicphase.MustWorkflow("w", revStart, phasesOf(phases...), &atomicphase.WorkflowOpts{CommitEachPhase: true, Version: "v3"})
+	}
+	canary, fixed := mk("a", "b", "c"), mk("a", "c")
+	canaryProc, err := atomicphase.NewRunner(b.db.Pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, canaryProc.Register(canary))
+	_, err = canaryProc.Run(b.ctx, canary, revReq("done-under-canary"))
+	require.NoError(t, err)
+	strand(t, b, canary, "b", "stranded") // one key of the canary unfinished
+
+	proc, err := atomicphase.NewRunner(b.db.Pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, proc.Register(fixed))
+	require.ErrorIs(t, proc.RecordVersions(b.ctx), keystore.ErrVersionShape, "the canary's process may still run it")
+	retire(t, b)
+	require.ErrorIs(t, proc.RecordVersions(b.ctx), keystore.ErrVersionShape, "gone, but a key of it is unfinished")
+
+	// The canary's build finishes its key once more (resumed by hand): the
+	// version is drained.
+	_, err = canaryProc.Resume(b.ctx, "u", "stranded")
+	require.NoError(t, err)
+	retire(t, b)
+	require.NoError(t, proc.RecordVersions(b.ctx), "gone and drained: the name is the fixed build's")
+	resp, err := proc.Run(b.ctx, fixed, revReq("new"))
+	require.NoError(t, err)
+	require.Equal(t, "new,a,c", string(resp.Body))
+}
+
 // phasesOf builds local phases named phases, the last responding 200 with
 // the phases the key ran.
 func phasesOf(phases ...string) []atomicphase.Phase[revSt] {

@@ -75,7 +75,7 @@ type statements struct {
 	abandoned, unknownWorkflows, reap, reapParked,
 	levels, recentTrouble, page, pageUnfinished, scopeKeys,
 	recordAudit, auditTrail,
-	versionOf, announce, deployed, otherVersions, versionKeys, versions, undoAttempt,
+	versionOf, announce, versionDrained, reclaimVersion, deployed, otherVersions, versionKeys, versions, undoAttempt,
 	claim, recordUnit string
 }
 
@@ -112,6 +112,8 @@ func New(schema string, lockTimeout time.Duration) *Store {
 		auditTrail:       r(auditTrailSQL),
 		versionOf:        r(versionOfSQL),
 		announce:         r(announceSQL),
+		versionDrained:   r(versionDrainedSQL),
+		reclaimVersion:   r(reclaimVersionSQL),
 		deployed:         r(deployedSQL),
 		otherVersions:    r(otherVersionsSQL),
 		versionKeys:      r(versionKeysSQL),

@@ -33,16 +33,46 @@ RETURNING true`
 // recorded with another phase list.
 var ErrVersionShape = errors.New("another process recorded this workflow version with another phase list")
 
+// versionDrainedSQL tells whether no unfinished key (parked ones
+// included) started under a workflow version. It reads every shard of a
+// distributed key table, and runs only when a version's name is claimed
+// by another phase list.
+const versionDrainedSQL = `
+SELECT NOT EXISTS (SELECT 1 FROM /* TEMPLATE: schema */idempotency_keys
+                   WHERE workflow = $1::text AND workflow_version = $2::text AND response_status IS NULL)`
+
+// reclaimVersionSQL gives a version's name to another phase list, when no
+// process has recorded the version within the horizon (checked again here,
+// so that a process that came back meanwhile keeps it).
+const reclaimVersionSQL = `
+UPDATE /* TEMPLATE: schema */atomicphase_workflow_versions
+SET shape = $3::text, phases = $4::text[], seen_at = now()
+WHERE workflow = $1::text AND version = $2::text AND shape <> $3::text
+  AND seen_at < now() - $5::bigint * interval '1 microsecond'
+RETURNING true`
+
 // Announce records that this process runs version of workflow, whose
 // phases are phases and whose phase list hashes to shape: ErrVersionShape
-// when another process recorded the version with another shape.
-func (s *Store) Announce(ctx context.Context, db DB, workflow, version, shape string, phases []string) error {
+// when another process recorded the version with another shape, unless
+// that one is gone (no process recorded it within horizon) and drained (no
+// unfinished key started under it): its name is then this phase list's.
+func (s *Store) Announce(ctx context.Context, db DB, workflow, version, shape string, phases []string, horizon time.Duration) error {
 	var ok bool
 	err := db.QueryRow(ctx, s.sql.announce, workflow, version, shape, phases).Scan(&ok)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("workflow %q version %q: %w; declare a new WorkflowOpts.Version for a changed phase list", workflow, version, ErrVersionShape)
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return err
 	}
-	return err
+	var drained bool
+	if err := db.QueryRow(ctx, s.sql.versionDrained, workflow, version).Scan(&drained); err != nil {
+		return err
+	}
+	if drained {
+		err = db.QueryRow(ctx, s.sql.reclaimVersion, workflow, version, shape, phases, horizon.Microseconds()).Scan(&ok)
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+	}
+	return fmt.Errorf("workflow %q version %q: %w (it is given to another phase list only once no process has recorded it for Config.VersionHorizon and no unfinished key started under it); declare a new WorkflowOpts.Version for a changed phase list", workflow, version, ErrVersionShape)
 }
 
 // undoAttemptSQL takes back the attempt an acquisition counted, fenced by
