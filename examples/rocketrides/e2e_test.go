@@ -238,7 +238,7 @@ func (w *world) start(t *testing.T, env ...string) *server {
 // hold n receipts, and returns them.
 func (w *world) waitReceipts(t *testing.T, n int) []fakemailer.Receipt {
 	t.Helper()
-	require.Eventually(t, func() bool { return len(w.mailer.Receipts()) >= n }, 10*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return len(w.mailer.Receipts()) >= n }, time.Minute, 20*time.Millisecond,
 		"want %d receipts at the mailer, have %d", n, len(w.mailer.Receipts()))
 	return w.mailer.Receipts()
 }

@@ -126,7 +126,7 @@ func (b *bundle) queuedReceipts(t *testing.T) int {
 // hold n receipts, and returns them.
 func (b *bundle) waitReceipts(t *testing.T, n int) []fakemailer.Receipt {
 	t.Helper()
-	require.Eventually(t, func() bool { return len(b.mailer.Receipts()) >= n }, 10*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return len(b.mailer.Receipts()) >= n }, time.Minute, 20*time.Millisecond,
 		"want %d receipts at the mailer, have %d", n, len(b.mailer.Receipts()))
 	return b.mailer.Receipts()
 }
