@@ -5,7 +5,7 @@ go 1.25.0
 replace github.com/atomicphase/atomicphase => ../
 
 require (
-	github.com/atomicphase/atomicphase v0.0.0-00010101000000-000000000000
+	github.com/atomicphase/atomicphase v0.2.0
 	golang.org/x/tools v0.49.0
 )
 
