@@ -31,15 +31,16 @@ var modifiesKeys = regexp.MustCompile(`(?is)(\bUPDATE\s+(/\* TEMPLATE: schema \*
 // first argument.
 var functionCall = regexp.MustCompile(`atomicphase_(\w+)\(\s*([^,)]*)`)
 
-// fanOut are the statements that read (or, for reapSQL, delete from) every
+// fanOut are the statements that read every
 // shard of a distributed key table, on purpose: none is on a request's
 // path. Every other statement is keyed by scope.
 var fanOut = map[string]string{
 	"listKeysSQL":       "Runner.ListKeys, for operators: filters the whole table",
 	"abandonedSQL":      "the sweep looks for abandoned keys in every scope",
 	"unknownSQL":        "the sweep counts abandoned keys of unknown workflows in every scope",
-	"reapSQL":           "the sweep deletes old finished keys of every scope",
-	"reapParkedSQL":     "the sweep deletes parked keys past their retention in every scope",
+	"reapPickSQL":       "the sweep picks old finished keys of every scope, to delete each on its own",
+	"reapParkedPickSQL": "the sweep picks parked keys past their retention in every scope, to delete each on its own",
+	"versionDrainedSQL": "a version's name is given to another phase list only when no key of it is unfinished in any scope",
 	"ageLocksSQL":       "tests age every held lock (atomicphasetest.AgeLocks)",
 	"ageBackoffsSQL":    "the explorer's sweep makes every key due (Scenario.Sweep)",
 	"levelsSQL":         "the console counts the unfinished keys of every scope",
@@ -54,7 +55,7 @@ var fanOut = map[string]string{
 // timeInSubquery are modifications whose only time is read by a subquery
 // that runs as a SELECT of its own (on Citus, on the workers): the reap's
 // cut-off.
-var timeInSubquery = map[string]bool{"reapSQL": true, "reapParkedSQL": true}
+var timeInSubquery = map[string]bool{}
 
 // packageStatements returns the package's string constants that mention
 // the key table or its functions, by name, evaluated from the source.
@@ -124,7 +125,7 @@ func TestStatementsAreCitusCompatible(t *testing.T) {
 	stmts := packageStatements(t)
 	for _, name := range []string{"acquireSQL", "peekSQL", "recordSQL", "ownedBySQL", "takeSQL", "renewSQL", "releaseSQL",
 		"checkpointSQL", "clearLastErrorSQL", "inspectSQL", "listKeysSQL", "unparkSQL", "forgetSQL", "recordResolutionSQL",
-		"takeVerdictSQL", "abandonedSQL", "unknownSQL", "reapSQL", "reapParkedSQL"} {
+		"takeVerdictSQL", "abandonedSQL", "unknownSQL", "reapPickSQL", "reapOneSQL", "reapParkedPickSQL", "reapParkedOneSQL"} {
 		require.Contains(t, stmts, name, "the statements are found in the source")
 	}
 	distributed := map[string]bool{}

@@ -26,11 +26,21 @@ func (s *Store) Unpark(ctx context.Context, db DB, scope, key string) (bool, err
 	return err == nil, err
 }
 
+// forgetReadSQL reads whether a key is unsettled (unsettledSQL), and what
+// that was judged by. A read: the time is the node's that holds the key.
+const forgetReadSQL = `SELECT ` + unsettledSQL + `, lock_token, unknown_at, call_until
+FROM /* TEMPLATE: schema */idempotency_keys WHERE scope = $1::text AND idempotency_key = $2::text`
+
+// forgetSQL deletes a finished key, or a parked one nobody holds, as it
+// was read: its lock token and its unknown-outcome and call marks the same
+// (a mark, once past, stays past), so the statement takes no time of its
+// own, which on Citus the coordinator would evaluate by its own clock.
 const forgetSQL = `
 DELETE FROM /* TEMPLATE: schema */idempotency_keys
 WHERE scope = $1::text AND idempotency_key = $2::text
   AND (response_status IS NOT NULL OR (parked_at IS NOT NULL AND locked_at IS NULL))
-  AND ($3::boolean OR NOT ` + unsettledSQL + `)
+  AND lock_token = $3::bigint
+  AND unknown_at IS NOT DISTINCT FROM $4::timestamptz AND call_until IS NOT DISTINCT FROM $5::timestamptz
 RETURNING recovery_point, downstream_salt::text, unknown_at, call_until`
 
 // Forgotten is what Forget deleted: where the key stood, and what a
@@ -46,8 +56,18 @@ type Forgotten struct {
 // is unsettled (see unsettledSQL) and force is false. It returns nil,
 // changing nothing, for any other key or an absent one.
 func (s *Store) Forget(ctx context.Context, db DB, scope, key string, force bool) (*Forgotten, error) {
+	var unsettled bool
+	var token int64
+	var unknownAt, callUntil *time.Time
+	err := db.QueryRow(ctx, s.sql.forgetRead, scope, key).Scan(&unsettled, &token, &unknownAt, &callUntil)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && unsettled && !force) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
 	var f Forgotten
-	err := db.QueryRow(ctx, s.sql.forget, scope, key, force).Scan(&f.RecoveryPoint, &f.DownstreamSalt, &f.UnknownAt, &f.CallUntil)
+	err = db.QueryRow(ctx, s.sql.forget, scope, key, token, unknownAt, callUntil).Scan(&f.RecoveryPoint, &f.DownstreamSalt, &f.UnknownAt, &f.CallUntil)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

@@ -2,6 +2,7 @@ package keystore
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -101,46 +102,108 @@ func (s *Store) UnknownWorkflows(ctx context.Context, db DB, known []string, lim
 	})
 }
 
-// reapSQL deletes one batch of finished keys past their retention, oldest
-// first. It reads every shard of a distributed key table: on Citus the
-// subquery (whose now() each worker evaluates) runs first, and the DELETE
-// then goes to every shard. The DELETE matches finished_at too, so a key
-// forgotten and recorded anew in between is not taken for the one read.
-// Sweeps in several processes reap in turn: the second waits for the
-// first's batch, finds it gone, and stops.
-const reapSQL = `
+// The reapers pick a batch of keys (a read of every shard of a
+// distributed key table, oldest first), then delete each picked key with a
+// statement of its own, all sent in one round trip without BEGIN: on
+// Citus each of them commits alone on the worker that holds its key (one
+// DELETE over the whole batch spans workers, and committed in two phases:
+// a server killed between them left a prepared transaction behind, which
+// kept its database from being dropped until Citus recovered it); on one
+// PostgreSQL the batch is one implicit transaction. Each DELETE matches
+// the picked key's state again, so a key forgotten and recorded anew, or
+// unparked, taken or finished, in between is left alone. Sweeps in several
+// processes reap in turn: what one deleted, the other's DELETE finds gone.
+
+// reapPickSQL picks one batch of finished keys past their retention,
+// oldest first (the subquery's now() each worker evaluates).
+const reapPickSQL = `
+SELECT scope, idempotency_key, finished_at FROM /* TEMPLATE: schema */idempotency_keys
+WHERE response_status IS NOT NULL
+  AND finished_at < now() - $1::bigint * interval '1 microsecond'
+ORDER BY finished_at
+LIMIT $2::integer`
+
+// reapOneSQL deletes one picked finished key.
+const reapOneSQL = `
 DELETE FROM /* TEMPLATE: schema */idempotency_keys
-WHERE (scope, idempotency_key, finished_at) IN (
-    SELECT scope, idempotency_key, finished_at FROM /* TEMPLATE: schema */idempotency_keys
-    WHERE response_status IS NOT NULL
-      AND finished_at < now() - $1::bigint * interval '1 microsecond'
-    ORDER BY finished_at
-    LIMIT $2::integer)`
+WHERE scope = $1::text AND idempotency_key = $2::text AND finished_at = $3::timestamptz`
+
+// Batcher runs statements and batches: a pool or a connection.
+type Batcher interface {
+	DB
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// picked is a key a reaper picked, with the time it is picked by, and for
+// a parked key what it was judged settled by.
+type picked struct {
+	scope, key           string
+	at                   time.Time
+	token                int64
+	unknownAt, callUntil *time.Time
+}
+
+// pick runs a reaper's pick (parked: the pick of parked keys).
+func pick(ctx context.Context, db DB, sql string, olderThan time.Duration, batch int, parked bool) ([]picked, error) {
+	rows, err := db.Query(ctx, sql, olderThan.Microseconds(), batch)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (picked, error) {
+		var p picked
+		if parked {
+			return p, row.Scan(&p.scope, &p.key, &p.at, &p.token, &p.unknownAt, &p.callUntil)
+		}
+		return p, row.Scan(&p.scope, &p.key, &p.at)
+	})
+}
 
 // Reap deletes at most batch finished keys that finished longer than
 // olderThan ago, and returns how many it deleted.
-func (s *Store) Reap(ctx context.Context, db DB, olderThan time.Duration, batch int) (int, error) {
-	tag, err := db.Exec(ctx, s.sql.reap, olderThan.Microseconds(), batch)
-	return int(tag.RowsAffected()), err
+func (s *Store) Reap(ctx context.Context, db Batcher, olderThan time.Duration, batch int) (int, error) {
+	keys, err := pick(ctx, db, s.sql.reapPick, olderThan, batch, false)
+	if err != nil || len(keys) == 0 {
+		return 0, err
+	}
+	b := &pgx.Batch{}
+	for _, k := range keys {
+		b.Queue(s.sql.reapOne, k.scope, k.key, k.at)
+	}
+	res := db.SendBatch(ctx, b)
+	n := 0
+	for range keys {
+		tag, err := res.Exec()
+		if err != nil {
+			_ = res.Close()
+			return n, err
+		}
+		n += int(tag.RowsAffected())
+	}
+	return n, res.Close()
 }
 
-// reapParkedSQL deletes one batch of parked keys parked longer ago than the
-// parked retention, and returns each one deleted, for the log. A key that
-// may have paid without knowing it (unsettledSQL) is never reaped: it waits
-// for a verdict, or an operator's forced forget. Like reapSQL
-// it reads and deletes on every shard; the DELETE matches parked_at and
-// the unheld, unfinished state again, so a key unparked, taken or finished
-// in between is left alone.
-const reapParkedSQL = `
+// reapParkedPickSQL picks one batch of parked keys parked longer ago than
+// the parked retention. A key that may have paid without knowing it
+// (unsettledSQL) is never reaped: it waits for a verdict, or an operator's
+// forced forget.
+const reapParkedPickSQL = `
+SELECT scope, idempotency_key, parked_at, lock_token, unknown_at, call_until FROM /* TEMPLATE: schema */idempotency_keys
+WHERE response_status IS NULL AND parked_at IS NOT NULL
+  AND parked_at < now() - $1::bigint * interval '1 microsecond'
+  AND NOT ` + unsettledSQL + `
+ORDER BY parked_at
+LIMIT $2::integer`
+
+// reapParkedOneSQL deletes one picked parked key, still parked then and
+// unheld, as it was picked: the same lock token, and the same
+// unknown-outcome and call marks, which the pick judged settled (a mark,
+// once past, stays past), so that the statement takes no time of its own.
+// It returns the key for the log.
+const reapParkedOneSQL = `
 DELETE FROM /* TEMPLATE: schema */idempotency_keys
-WHERE (scope, idempotency_key, parked_at) IN (
-    SELECT scope, idempotency_key, parked_at FROM /* TEMPLATE: schema */idempotency_keys
-    WHERE response_status IS NULL AND parked_at IS NOT NULL
-      AND parked_at < now() - $1::bigint * interval '1 microsecond'
-      AND NOT ` + unsettledSQL + `
-    ORDER BY parked_at
-    LIMIT $2::integer)
-  AND response_status IS NULL AND locked_at IS NULL AND NOT ` + unsettledSQL + `
+WHERE scope = $1::text AND idempotency_key = $2::text AND parked_at = $3::timestamptz
+  AND response_status IS NULL AND locked_at IS NULL AND lock_token = $4::bigint
+  AND unknown_at IS NOT DISTINCT FROM $5::timestamptz AND call_until IS NOT DISTINCT FROM $6::timestamptz
 RETURNING scope, idempotency_key, workflow, coalesce(last_error, '')`
 
 // ReapedKey is a parked key ReapParked deleted.
@@ -148,15 +211,29 @@ type ReapedKey struct{ Scope, Key, Workflow, LastError string }
 
 // ReapParked deletes at most batch keys parked longer than olderThan ago,
 // and returns them.
-func (s *Store) ReapParked(ctx context.Context, db DB, olderThan time.Duration, batch int) ([]ReapedKey, error) {
-	rows, err := db.Query(ctx, s.sql.reapParked, olderThan.Microseconds(), batch)
-	if err != nil {
+func (s *Store) ReapParked(ctx context.Context, db Batcher, olderThan time.Duration, batch int) ([]ReapedKey, error) {
+	keys, err := pick(ctx, db, s.sql.reapParkedPick, olderThan, batch, true)
+	if err != nil || len(keys) == 0 {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (ReapedKey, error) {
+	b := &pgx.Batch{}
+	for _, k := range keys {
+		b.Queue(s.sql.reapParkedOne, k.scope, k.key, k.at, k.token, k.unknownAt, k.callUntil)
+	}
+	res := db.SendBatch(ctx, b)
+	var out []ReapedKey
+	for range keys {
 		var k ReapedKey
-		return k, row.Scan(&k.Scope, &k.Key, &k.Workflow, &k.LastError)
-	})
+		switch err := res.QueryRow().Scan(&k.Scope, &k.Key, &k.Workflow, &k.LastError); {
+		case errors.Is(err, pgx.ErrNoRows): // changed since it was picked
+		case err != nil:
+			_ = res.Close()
+			return out, err
+		default:
+			out = append(out, k)
+		}
+	}
+	return out, res.Close()
 }
 
 // Execer runs a statement: a pool, a connection, a transaction.

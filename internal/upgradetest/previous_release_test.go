@@ -28,8 +28,8 @@ import (
 )
 
 // previousRelease is the commit of the previous release (CHANGELOG.md):
-// 0.1.0. Move it on at each release.
-const previousRelease = "ae2ec04c1f24e9a63239bcc6d94ded43070d7a4c"
+// 0.2.0. Move it on at each release.
+const previousRelease = "3714a8158491df62e4898fd2179644a3cfc6fd2d"
 
 // skipped are the previous release's tests that check the schema itself
 // (what Migrate applies, what CheckSchema finds on an empty database):
