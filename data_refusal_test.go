@@ -174,7 +174,7 @@ func chargeThenReceiptWorkflow(charges map[string]int, fused bool) *atomicphase.
 // and send it with a new key had it charged twice. The key parks instead,
 // with the refusal as its error, and every retry is answered ErrParked;
 // the charge stays recorded, and nothing is stored as the key's answer.
-// (Guarantee 18.)
+// (Nothing that may have paid is forgotten.)
 func TestDataRefusalAfterAForeignPhaseParks(t *testing.T) {
 	t.Parallel()
 	for _, fused := range []bool{false, true} {

@@ -38,7 +38,7 @@ func parkUnknown(t *testing.T, b *testBundle, bk *bank, wf *atomicphase.Workflow
 // retry record the key anew, with a new salt, and the bank paid twice.
 // The dry run flags it; ForgetForced with a reason deletes it and leaves
 // the reason, and the downstream reference, in the audit trail.
-// (Guarantee 18.)
+// (Nothing that may have paid is forgotten.)
 func TestUnsettledParkedKeyIsNeitherForgottenNorReaped(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &atomicphase.Config{CallGrace: time.Nanosecond, MaxAttempts: 2})

@@ -71,7 +71,8 @@ func TestSweepFinishesARequestWhoseClientGaveUp(t *testing.T) {
 // TestSweepFinishesAPayoutCrashedInFlight: the server is killed right
 // after the payout call went out, and the client never retries. The bank
 // may still act on that call for CALL_GRACE, so the restarted server's
-// sweep reconciles it only after the lease plus the grace (guarantee 17),
+// sweep reconciles it only after the lease plus the grace (no call while
+// another may be in flight),
 // then finishes the request with the one payout: within LOCK_TIMEOUT +
 // CALL_GRACE + 3 × SWEEP_INTERVAL of the crash (reported, not timed).
 func TestSweepFinishesAPayoutCrashedInFlight(t *testing.T) {

@@ -78,7 +78,7 @@ const statusSQL = `CASE
 // making may still be acted on by the downstream (call_until, the lease's
 // end plus the call grace, not yet past). Forgetting or reaping such a key
 // would let a retry record it anew, with a new downstream salt, and pay
-// again (guarantee 18): Forget and ReapParked leave it alone.
+// again: Forget and ReapParked leave it alone.
 const unsettledSQL = `(unknown_at IS NOT NULL OR coalesce(call_until >= now(), false))`
 
 // infoColumns are the columns an Info is scanned from.
