@@ -50,10 +50,12 @@ type attempt struct {
 	// renewed the key's lease was sent (lease.go); zero while the key rides,
 	// unrecorded, in the first unit's transaction.
 	leaseFrom time.Time
-	// paid is set once a foreign phase of the key may have committed: by
-	// this attempt, or by an earlier one before the recovery point it
-	// resumed at. A data refusal then parks the key (failUnit): the
-	// client must not be told to send the request again.
+	// paid is set once a foreign call of the key may have gone out: this
+	// attempt reached a foreign phase's call (or the reconciliation of an
+	// earlier attempt's), or the key resumed past a foreign phase. A data
+	// refusal then parks the key (failUnit): the client must not be told
+	// to send the request again; and a release records it (called_at), so
+	// that no forget or reap gives the key up while it is unfinished.
 	paid bool
 	// budget, when set, bounds each phase's function, call and commit (the
 	// sweep's resumes: a phase that hangs must not stall the sweep, while a
@@ -122,7 +124,7 @@ func (a *attempt) parkOnPanic(ctx context.Context) {
 	if ours, _ := a.recordAlone(ctx); !ours {
 		panic(p)
 	}
-	if released, perr := a.r.release(ctx, a.scope, a.key, a.token, why, 0, parkFinal, false); perr != nil {
+	if released, perr := a.r.release(ctx, a.scope, a.key, a.token, why, 0, parkFinal, false, a.paid); perr != nil {
 		a.log(ctx, slog.LevelError, "atomicphase: parking after a panic failed", "error", perr)
 	} else if released {
 		a.r.observe(ctx, Event{Kind: EventParked, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Err: why})
@@ -158,7 +160,7 @@ func (a *attempt) fail(ctx context.Context, phase string, err error) error {
 		}
 		park := how != parkNot
 		unknown := errors.Is(err, ErrOutcomeUnknown)
-		released, rerr := a.r.release(ctx, a.scope, a.key, a.token, why, a.r.cfg.attemptBackoff(a.attempts), how, unknown)
+		released, rerr := a.r.release(ctx, a.scope, a.key, a.token, why, a.r.cfg.attemptBackoff(a.attempts), how, unknown, a.paid)
 		switch {
 		case rerr != nil:
 			err = errors.Join(err, fmt.Errorf("unlock: %w", rerr))

@@ -176,6 +176,15 @@ type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
+// DownstreamKeyOf derives the downstream idempotency key (ForeignCall.Key)
+// that the foreign phase named phase (its oldest name, WithFormerNames) of
+// the key (scope, key) of workflow sends, from the key's downstream salt
+// (KeyInfo.DownstreamSalt, kept in the audit trail of a forced forget):
+// the reference to ask a downstream about once the key's row is gone.
+func DownstreamKeyOf(salt, workflow, scope, key, phase string) string {
+	return downstreamKey(salt, workflow, scope, key, phase)
+}
+
 // downstreamKey derives the idempotency key a foreign phase sends to the
 // downstream for (salt, workflow, scope, key, phase). Each part is
 // length-prefixed before hashing, so no two distinct tuples collide by
@@ -210,6 +219,9 @@ func (a *attempt) callPhase(ctx context.Context, st *step, state []byte) ([]byte
 		return nil, err
 	}
 	defer l.release()
+	// From here a call may go out (or an earlier attempt's may be
+	// reconciled): a failure now leaves a key that may have paid.
+	a.paid = true
 	lctx, cancel := a.bound(lctx)
 	defer cancel()
 	// The reconcile function gets a guard of its own, so that a lookup
@@ -223,6 +235,13 @@ func (a *attempt) callPhase(ctx context.Context, st *step, state []byte) ([]byte
 			a.callEnded(ctx, false) // nothing went out
 		}
 		return out, err
+	}
+	if lctx.Err() != nil {
+		// The lease ended during the reconciliation: no call goes out
+		// past it.
+		_ = l.end()
+		a.callEnded(ctx, false)
+		return nil, leaseCause(l, context.Cause(lctx))
 	}
 	fc := newForeignCall(key)
 	out, err = st.call(lctx, fc, state)

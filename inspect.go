@@ -55,16 +55,25 @@ type KeyInfo struct {
 	// ParkedAt is when the key was parked (it failed permanently, or
 	// Config.MaxAttempts times); nil unless it is.
 	ParkedAt *time.Time
-	// Unsettled is set while the key may have paid without knowing it:
-	// the outcome of its foreign call is unknown (UnknownAt), or a call it
-	// was marked as making may still be acted on by the downstream
-	// (CallUntil). Forget refuses such a key (ErrOutcomeUnsettled), and the
+	// Unsettled is set while an unfinished key may have paid: the outcome
+	// of its foreign call is unknown (UnknownAt), a call it was marked as
+	// making may still be acted on by the downstream (CallUntil), or a
+	// failed attempt knew a foreign call of it may have gone out
+	// (CalledAt). Forget refuses such a key (ErrOutcomeUnsettled), and the
 	// sweep does not reap it.
 	Unsettled bool
 	// CallUntil is when the quiet period of the foreign call the key was
 	// last marked as making ends (the lease plus Config.CallGrace); nil
 	// when no call is marked.
 	CallUntil *time.Time
+	// CalledAt is when an attempt that failed knew that a foreign call of
+	// the key may first have gone out (a call sent, a foreign phase
+	// committed); nil when none did. It makes an unfinished key Unsettled.
+	CalledAt *time.Time
+	// DownstreamSalt salts the key's downstream keys: with the workflow,
+	// scope, key and a foreign phase's oldest name it derives what the
+	// downstream was sent ("" on rows older than it).
+	DownstreamSalt string
 	// DownstreamKeys are the downstream idempotency keys (ForeignCall.Key)
 	// of the key's foreign phases, by phase name, the references a
 	// downstream knows its calls by: filled by Inspect, ListKeys and the
@@ -153,7 +162,7 @@ func keyInfo(in *keystore.Info) *KeyInfo {
 		State: in.State, Attempts: in.Attempts, LastError: in.LastError, NextAttemptAt: in.NextAttemptAt,
 		UnknownAt: in.UnknownAt, ResolvedHappened: in.ResolvedHappened, ResolvedNote: in.ResolvedNote,
 		ResolvedAt: in.ResolvedAt, ResolvedResult: in.ResolvedResult, ParkedAt: in.ParkedAt,
-		Unsettled: in.Unsettled, CallUntil: in.CallUntil,
+		Unsettled: in.Unsettled, CallUntil: in.CallUntil, CalledAt: in.CalledAt, DownstreamSalt: in.DownstreamSalt,
 		CreatedAt: in.CreatedAt, UpdatedAt: in.UpdatedAt, FinishedAt: in.FinishedAt,
 	}
 	if in.StatusCode != nil {

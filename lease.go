@@ -192,8 +192,15 @@ func (l *lease) end() error {
 		l.timer.Stop()
 	}
 	l.mu.Unlock()
-	l.stop()
+	if l.call == nil {
+		// A renewal queued behind a busy pool is abandoned, not waited for.
+		l.stop()
+	}
+	// A marked call's renewal in flight is waited for (its deadline bounds
+	// it): abandoned, the server might still apply it after the commit
+	// that ends the mark, and hold the key for another lease and grace.
 	l.ticks.Wait()
+	l.stop()
 	l.mu.Lock()
 	err, from := l.err, l.from
 	l.mu.Unlock()

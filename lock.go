@@ -144,7 +144,7 @@ func injected(err error) error {
 // must not leave its key locked for the lock timeout), bounded by
 // cleanupTimeout. An unlock with a token that moved on changes nothing.
 func (r *Runner) unlock(ctx context.Context, scope, key string, token int64) error {
-	_, err := r.release(ctx, scope, key, token, nil, 0, parkNot, false)
+	_, err := r.release(ctx, scope, key, token, nil, 0, parkNot, false, false)
 	return err
 }
 
@@ -165,14 +165,15 @@ const (
 // records the error and, unless it parks, when the sweep may try the key
 // again (retryIn from now); park says whether it parks the key for an
 // operator, and how; unknown marks the outcome of its foreign call
-// unknown. Like unlock it runs even when ctx has ended.
+// unknown; called records that a foreign call of the key may have gone
+// out (Runner.Forget then refuses the key while it is unfinished). Like unlock it runs even when ctx has ended.
 //
 // It reports whether it released anything: false when the token had moved
 // on (another attempt took the key) or the key finished meanwhile.
-func (r *Runner) release(ctx context.Context, scope, key string, token int64, why error, retryIn time.Duration, park parkHow, unknown bool) (bool, error) {
+func (r *Runner) release(ctx context.Context, scope, key string, token int64, why error, retryIn time.Duration, park parkHow, unknown, called bool) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	rel := keystore.Release{Scope: scope, Key: key, Token: token, Park: park != parkNot, Final: park == parkFinal, Unknown: unknown}
+	rel := keystore.Release{Scope: scope, Key: key, Token: token, Park: park != parkNot, Final: park == parkFinal, Unknown: unknown, Called: called}
 	if why != nil {
 		m := boundedError(r.redactError(why))
 		rel.Error = &m

@@ -132,7 +132,8 @@ func (r *Runner) ForgetForced(ctx context.Context, scope, key, actor, reason str
 	}
 	detail, _ := json.Marshal(map[string]any{ // plain values: cannot fail
 		"forced": true, "status_before": info.Status, "recovery_point": info.RecoveryPoint,
-		"unknown_at": info.UnknownAt, "call_until": info.CallUntil, "downstream_keys": info.DownstreamKeys,
+		"unknown_at": info.UnknownAt, "call_until": info.CallUntil, "called_at": info.CalledAt,
+		"downstream_salt": info.DownstreamSalt, "downstream_keys": info.DownstreamKeys,
 	})
 	// The trail first: a forced forget that the trail does not show must
 	// not happen. (A refusal below leaves an entry of an attempt that

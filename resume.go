@@ -98,7 +98,7 @@ func (r *Runner) resume(ctx context.Context, scope, key string, opts resumeOpts)
 			// were taken over) count too: without this a key that kills
 			// its process would be run forever.
 			why := fmt.Errorf("%d attempts never finished; the limit is %d", row.Attempts-1, r.cfg.MaxAttempts)
-			if _, err := r.release(ctx, scope, key, row.LockToken, why, 0, parkExhausted, false); err != nil {
+			if _, err := r.release(ctx, scope, key, row.LockToken, why, 0, parkExhausted, false, row.RecoveryPoint != RecoveryPointStarted); err != nil {
 				return nil, err
 			}
 			r.observe(ctx, Event{Kind: EventParked, Workflow: row.Workflow, Scope: scope, Key: key, Err: why})

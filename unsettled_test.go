@@ -1,7 +1,12 @@
 package atomicphase_test
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -150,4 +155,103 @@ func TestNoOperatorActionOrSweepPaysTwice(t *testing.T) {
 			require.EqualValues(t, 1, bk.calls.Load(), "one call")
 		})
 	}
+}
+
+// A key that paid and then parked is not given up either, whatever parked
+// it: a refusal in the foreign phase's own record step (the recovery point
+// still at started, no unknown outcome, no call mark), a refusal in a later
+// phase (the charge committed), or a record step that failed until the
+// key's attempts ran out, for a bank without idempotency keys once its
+// call's quiet period passed. Before, each read as settled, was forgotten
+// or reaped, and the retry paid again under a new downstream key.
+func TestPaidAndParkedKeyIsNeitherForgottenNorReaped(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"record-forget", "record-bulk-forget", "record-reap", "later-phase-bulk-forget", "record-down-bulk-forget"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			b := setupDB(t, shopDBOpts, &atomicphase.Config{CallGrace: time.Nanosecond, MaxAttempts: 2})
+			var mu sync.Mutex
+			charges := map[string]int{}
+			var ledgerDown atomic.Bool
+			ledgerDown.Store(how == "record-down-bulk-forget")
+			insert := func(ctx context.Context, tx atomicphase.Tx, s *buyIn) (atomicphase.Outcome, error) {
+				if ledgerDown.Load() {
+					return atomicphase.Outcome{}, errors.New("ledger down")
+				}
+				if _, err := tx.Exec(ctx, `INSERT INTO orders (scope, product_id, quantity) VALUES ('u', $1, $2)`, s.Product, s.Quantity); err != nil {
+					return atomicphase.Outcome{}, fmt.Errorf("receipt: %w", err)
+				}
+				return atomicphase.Respond(201, []byte("ordered")), nil
+			}
+			charge := func(ctx context.Context, call *atomicphase.ForeignCall, s *buyIn) error {
+				return call.Do(ctx, func(ctx context.Context, key string) error {
+					mu.Lock()
+					defer mu.Unlock()
+					charges[key]++
+					return nil
+				})
+			}
+			phases := []atomicphase.Phase[buyIn]{atomicphase.Foreign("charge", charge, insert)}
+			if how == "later-phase-bulk-forget" {
+				phases = []atomicphase.Phase[buyIn]{atomicphase.Foreign("charge", charge, nil), atomicphase.Local("receipt", insert)}
+			}
+			wf := atomicphase.MustWorkflow("paid", func(in buyIn, _ *atomicphase.Request) (buyIn, error) { return in, nil }, phases, nil)
+			quantity := 0 // refused by the CHECK
+			if how == "record-down-bulk-forget" {
+				quantity = 1
+			}
+			for range 2 {
+				_, err := b.runner.Run(b.ctx, wf, buyRequest("order-1", 1, quantity))
+				var pe *atomicphase.PhaseError
+				require.ErrorAs(t, err, &pe)
+				if pe.Parked {
+					break
+				}
+			}
+			info, err := b.runner.Inspect(b.ctx, "u", "order-1")
+			require.NoError(t, err)
+			require.Equal(t, atomicphase.KeyParked, info.Status)
+			require.True(t, info.Unsettled, "a key that paid is unsettled")
+			require.NotNil(t, info.CalledAt)
+
+			switch how {
+			case "record-forget":
+				require.ErrorIs(t, b.runner.Forget(b.ctx, "u", "order-1"), atomicphase.ErrOutcomeUnsettled)
+			case "record-reap":
+				n, err := b.runner.ReapParked(b.ctx, 0, 100)
+				require.NoError(t, err)
+				require.Zero(t, n)
+			default:
+				got, err := b.runner.ForgetKeys(b.ctx, nil, nil)
+				require.NoError(t, err)
+				require.Empty(t, got)
+			}
+			ledgerDown.Store(false)
+			_, _ = b.runner.Run(b.ctx, wf, buyRequest("order-1", 1, quantity))
+			mu.Lock()
+			defer mu.Unlock()
+			require.Len(t, charges, 1, "one downstream key: %v", charges)
+		})
+	}
+}
+
+// A forced forget from a process that has not registered the key's
+// workflow (the CLI) still keeps what the payment can be found by: the
+// key's downstream salt, from which the downstream keys derive.
+func TestForcedForgetKeepsTheSaltWithoutTheWorkflow(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &atomicphase.Config{CallGrace: time.Nanosecond, MaxAttempts: 2})
+	bk := newBank()
+	info := parkUnknown(t, b, bk, payoutWorkflow(bk), "p")
+	require.NotEmpty(t, info.DownstreamSalt)
+	op, err := atomicphase.NewRunner(b.db.Pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, op.ForgetForced(b.ctx, "driver_1", "p", "alice", "settled with the bank"))
+	trail, err := op.AuditTrail(b.ctx, "driver_1", "p", 0)
+	require.NoError(t, err)
+	require.Len(t, trail, 1)
+	require.Contains(t, string(trail[0].Detail), info.DownstreamSalt)
+	ref, _ := bk.only(t)
+	require.Equal(t, ref, atomicphase.DownstreamKeyOf(info.DownstreamSalt, "payout", "driver_1", "p", "pay"),
+		"the reference the bank knows derives from what the trail kept")
 }

@@ -73,7 +73,7 @@ var errOtherVersion = fmt.Errorf("%w: the key's workflow version runs in another
 func (r *Runner) notRunnableHere(ctx context.Context, row *keystore.Row, scope, key string) error {
 	missing, err := r.missingEverywhere(ctx, row)
 	if err != nil {
-		_, uerr := r.release(ctx, scope, key, row.LockToken, err, r.cfg.AttemptBackoff, parkNot, false)
+		_, uerr := r.release(ctx, scope, key, row.LockToken, err, r.cfg.AttemptBackoff, parkNot, false, false)
 		return storeError("look up the deployed workflow versions", errors.Join(err, uerr))
 	}
 	if missing == "" || row.WorkflowVersion == nil {
@@ -88,14 +88,16 @@ func (r *Runner) notRunnableHere(ctx context.Context, row *keystore.Row, scope, 
 		if uerr != nil {
 			r.logKey(ctx, slog.LevelWarn, "atomicphase: could not uncount a take of another version's key", row.Workflow, scope, key, "error", uerr)
 		}
-		if _, err := r.release(ctx, scope, key, row.LockToken, why, r.cfg.AttemptBackoff, parkNot, false); err != nil {
+		if _, err := r.release(ctx, scope, key, row.LockToken, why, r.cfg.AttemptBackoff, parkNot, false, false); err != nil {
 			return err
 		}
 		// In progress elsewhere: a 409 over HTTP, as for any held key.
 		return &InProgressError{RetryAfter: time.Second, Err: why}
 	}
 	why := fmt.Errorf("atomicphase: %s: deploy a build that registers it, then unpark the key", missing)
-	if _, err := r.release(ctx, scope, key, row.LockToken, why, 0, parkFinal, false); err != nil {
+	// Parked for good without the definition that would tell which of its
+	// phases called out: a key past its first phase may have paid.
+	if _, err := r.release(ctx, scope, key, row.LockToken, why, 0, parkFinal, false, row.RecoveryPoint != RecoveryPointStarted); err != nil {
 		return err
 	}
 	r.observe(ctx, Event{Kind: EventParked, Workflow: row.Workflow, Scope: scope, Key: key, Err: why})

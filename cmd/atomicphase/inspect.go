@@ -102,6 +102,16 @@ func writeKeyDetail(w io.Writer, k *atomicphase.KeyInfo) error {
 	field("next attempt at", timePtrCell(k.NextAttemptAt))
 	field("parked at", timePtrCell(k.ParkedAt))
 	field("outcome unknown since", timePtrCell(k.UnknownAt))
+	if k.Unsettled {
+		// Only shown when it matters: what makes forget refuse the key.
+		field("unsettled", "yes: it may have paid; forget refuses it (see resolve, or forget --force --reason)")
+		if k.CalledAt != nil {
+			field("called out since", timePtrCell(k.CalledAt))
+		}
+		if k.DownstreamSalt != "" {
+			field("downstream salt", k.DownstreamSalt)
+		}
+	}
 	if k.ResolvedHappened != nil {
 		verdict := "did not happen"
 		if *k.ResolvedHappened {

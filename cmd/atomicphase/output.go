@@ -39,10 +39,16 @@ type keySummary struct {
 // rest of what Inspect returns.
 type keyDetail struct {
 	keySummary
-	LockToken     int64           `json:"lock_token"`
-	LockExpiresIn *float64        `json:"lock_expires_in_seconds"`
-	State         json.RawMessage `json:"state"`
-	Response      *responseDetail `json:"response"`
+	LockToken     int64    `json:"lock_token"`
+	LockExpiresIn *float64 `json:"lock_expires_in_seconds"`
+	// Unsettled says the key may have paid (forget refuses it); CalledAt
+	// and DownstreamSalt say since when and what its references derive
+	// from.
+	Unsettled      bool            `json:"unsettled"`
+	CalledAt       *time.Time      `json:"called_at"`
+	DownstreamSalt string          `json:"downstream_salt,omitempty"`
+	State          json.RawMessage `json:"state"`
+	Response       *responseDetail `json:"response"`
 	// Audit is the key's audit trail, newest first.
 	Audit []*atomicphase.AuditEntry `json:"audit"`
 }
@@ -66,7 +72,8 @@ func summarize(k *atomicphase.KeyInfo) keySummary {
 }
 
 func detail(k *atomicphase.KeyInfo) keyDetail {
-	d := keyDetail{keySummary: summarize(k), LockToken: k.LockToken, LockExpiresIn: k.LockExpiresIn}
+	d := keyDetail{keySummary: summarize(k), LockToken: k.LockToken, LockExpiresIn: k.LockExpiresIn,
+		Unsettled: k.Unsettled, CalledAt: utcPtr(k.CalledAt), DownstreamSalt: k.DownstreamSalt}
 	switch {
 	case k.State == nil:
 	case json.Valid(k.State):

@@ -28,6 +28,7 @@ var citusFunctions = []struct {
 	{"atomicphase_take(text, text, bigint, bigint, boolean)", false},
 	{"atomicphase_release(text, text, bigint, text, bigint, boolean, boolean)", false},
 	{"atomicphase_release(text, text, bigint, text, bigint, boolean, boolean, boolean)", false},
+	{"atomicphase_release(text, text, bigint, text, bigint, boolean, boolean, boolean, boolean)", false},
 	{"atomicphase_unpark(text, text)", false},
 	{"atomicphase_record_resolution(text, text, boolean, text, bigint)", false},
 	{"atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)", false},

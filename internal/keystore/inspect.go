@@ -37,6 +37,9 @@ type Info struct {
 	// CallUntil is the end of the quiet period of a foreign call the key
 	// was marked as making; nil when none was marked.
 	CallUntil *time.Time
+	// CalledAt is when a failed attempt knew a foreign call of the key may
+	// first have gone out; nil when none did.
+	CalledAt *time.Time
 	// DownstreamSalt salts the key's downstream keys ("" on rows older
 	// than it).
 	DownstreamSalt string
@@ -72,21 +75,24 @@ const statusSQL = `CASE
     WHEN /* TEMPLATE: schema */atomicphase_held_until(locked_at, lease_us, call_until, $3) < now() THEN 'stale'
     ELSE 'in_progress' END`
 
-// unsettledSQL is true while a key may have paid and not know it: the
-// outcome of its foreign call is unknown (unknown_at, cleared only by the
-// checkpoint that records the call's result), or a call it was marked as
+// unsettledSQL is true while an unfinished key may have paid: the outcome
+// of its foreign call is unknown (unknown_at, cleared only by the
+// checkpoint that records the call's result), a call it was marked as
 // making may still be acted on by the downstream (call_until, the lease's
-// end plus the call grace, not yet past). Forgetting or reaping such a key
-// would let a retry record it anew, with a new downstream salt, and pay
-// again: Forget and ReapParked leave it alone.
-const unsettledSQL = `(unknown_at IS NOT NULL OR coalesce(call_until >= now(), false))`
+// end plus the call grace, not yet past), or a failed attempt knew that a
+// foreign call of it may have gone out (called_at: a call sent, a foreign
+// phase committed). Forgetting or reaping such a key would let a retry
+// record it anew, with a new downstream salt, and pay again: Forget and
+// ReapParked leave it alone. A finished key is settled: its answer is
+// stored.
+const unsettledSQL = `(response_status IS NULL AND (unknown_at IS NOT NULL OR called_at IS NOT NULL OR coalesce(call_until >= now(), false)))`
 
 // infoColumns are the columns an Info is scanned from.
 const infoColumns = `scope, idempotency_key AS key, workflow, recovery_point,
        request_method, request_path, fingerprint,
        ` + statusSQL + ` AS status,
        locked_at IS NOT NULL AS locked, lock_token, state, attempts, last_error,
-       next_attempt_at, parked_at, unknown_at, ` + unsettledSQL + ` AS unsettled, call_until, coalesce(downstream_salt::text, '') AS downstream_salt, resolved_happened, resolved_note, resolved_at, resolved_result,
+       next_attempt_at, parked_at, unknown_at, ` + unsettledSQL + ` AS unsettled, call_until, called_at, coalesce(downstream_salt::text, '') AS downstream_salt, resolved_happened, resolved_note, resolved_at, resolved_result,
        extract(epoch FROM /* TEMPLATE: schema */atomicphase_lock_expires(locked_at, lease_us, call_until, $3, now()) - now())::float8 AS lock_expires_in,
        response_status AS status_code, response_header AS header, response_body AS body,
        created_at, updated_at, finished_at`

@@ -323,7 +323,7 @@ const versionOfSQL = `SELECT workflow_version FROM /* TEMPLATE: schema */idempot
 // committed phase put it. See atomicphase_release in schema.sql: it returns
 // a row, and the statement's tag counts one, when it released the lock.
 const releaseSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_release(
-	$1::text, $2::text, $3::bigint, $4::text, $5::bigint, $6::boolean, $7::boolean, $8::boolean)`
+	$1::text, $2::text, $3::bigint, $4::text, $5::bigint, $6::boolean, $7::boolean, $8::boolean, $9::boolean)`
 
 // Release describes a release: the key, the token it is fenced by, and
 // what the failed attempt leaves on the row.
@@ -338,8 +338,9 @@ type Release struct {
 	RetryInUS *int64
 	// Park parks the key for an operator; Final marks the park for good (a
 	// permanent failure: a client's retry is refused until an operator
-	// acts); Unknown marks the outcome of its foreign call unknown.
-	Park, Final, Unknown bool
+	// acts); Unknown marks the outcome of its foreign call unknown; Called
+	// records that a foreign call of the key may have gone out.
+	Park, Final, Unknown, Called bool
 }
 
 // MaxLastError bounds the error text stored on a key.
@@ -349,7 +350,7 @@ const MaxLastError = 2000
 // released anything: false when the token had moved on (another attempt
 // took the key) or the key finished meanwhile.
 func (s *Store) Release(ctx context.Context, db DB, rel *Release) (bool, error) {
-	tag, err := db.Exec(ctx, s.sql.release, rel.Scope, rel.Key, rel.Token, rel.Error, rel.RetryInUS, rel.Park, rel.Unknown, rel.Final)
+	tag, err := db.Exec(ctx, s.sql.release, rel.Scope, rel.Key, rel.Token, rel.Error, rel.RetryInUS, rel.Park, rel.Unknown, rel.Final, rel.Called)
 	return tag.RowsAffected() == 1, err
 }
 

@@ -29,6 +29,8 @@ var schemaObjects = []struct{ kind, name string }{
 	{"function", "atomicphase_take(text, text, bigint, bigint, boolean)"},
 	{"function", "atomicphase_release(text, text, bigint, text, bigint, boolean, boolean)"},
 	{"function", "atomicphase_release(text, text, bigint, text, bigint, boolean, boolean, boolean)"},
+	{"function", "atomicphase_release(text, text, bigint, text, bigint, boolean, boolean, boolean, boolean)"},
+	{"column", "idempotency_keys.called_at"},
 	{"function", "atomicphase_unpark(text, text)"},
 	{"function", "atomicphase_record_resolution(text, text, boolean, text, bigint)"},
 	{"function", "atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)"},
