@@ -196,6 +196,16 @@ func applyMigration(ctx context.Context, db Beginner, schema string, m Migration
 	if done, err := inLedger(ctx, tx, schema, m); done || err != nil {
 		return false, err
 	}
+	// On Citus, DDL on a distributed table (ALTER TABLE ... ADD COLUMN)
+	// runs over its shards in parallel by default, after which Citus
+	// refuses any function command in the same transaction ("cannot run
+	// function command because there was a parallel operation"), and a
+	// migration that adds a column and a function was refused on a key
+	// table already distributed: every upgrade of a Citus cluster. One
+	// connection per worker, in order, has no such limit.
+	if _, err := tx.Exec(ctx, citusSequentialSQL); err != nil {
+		return false, err
+	}
 	// One statement at a time: Citus forwards some DDL on a distributed
 	// table (ALTER TABLE, CREATE INDEX) to the workers as the text the
 	// client sent, which the workers refuse when it holds several.
@@ -209,6 +219,15 @@ func applyMigration(ctx context.Context, db Beginner, schema string, m Migration
 	}
 	return true, tx.Commit(ctx)
 }
+
+// citusSequentialSQL makes the migration's multi-shard commands run over
+// one connection per worker, in order, where Citus is installed; elsewhere
+// it does nothing.
+const citusSequentialSQL = `DO $$ BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+        SET LOCAL citus.multi_shard_modify_mode TO 'sequential';
+    END IF;
+END $$`
 
 // execQuerier runs statements: a transaction or a connection.
 type execQuerier interface {
