@@ -101,14 +101,31 @@ func (a *attempt) run(ctx context.Context, row *keystore.Row) (resp *Response, e
 	if err != nil {
 		return nil, a.fail(ctx, "", Permanent(err))
 	}
-	if row.RecoveryPoint != RecoveryPointStarted {
-		// Jumps go forward only, so the phases committed before idx are
-		// among those before it: any foreign one of them may have paid.
-		for _, st := range a.wf.phaseSteps()[:idx] {
-			a.paid = a.paid || st.call != nil
+	a.paid = mayHaveCalled(a.wf.phaseSteps(), idx, row)
+	return a.loop(ctx, idx, row.State)
+}
+
+// mayHaveCalled reports whether a foreign call of the key that resumes at
+// phase idx of steps may have gone out before this attempt: a foreign
+// phase before idx committed (jumps go forward only, so the phases
+// committed are among those before idx; which of them ran, the row does
+// not say), or, when an earlier attempt ran (row.Attempts > 1), the
+// foreign phase at idx, which that attempt may have called before it died
+// or failed without committing. An attempt gets no further than that
+// without moving the recovery point.
+func mayHaveCalled(steps []step, idx int, row *keystore.Row) bool {
+	if idx < len(steps) && steps[idx].call != nil && row.Attempts > 1 {
+		return true
+	}
+	if row.RecoveryPoint == RecoveryPointStarted {
+		return false
+	}
+	for _, st := range steps[:min(idx, len(steps))] {
+		if st.call != nil {
+			return true
 		}
 	}
-	return a.loop(ctx, idx, row.State)
+	return false
 }
 
 // parkOnPanic, deferred, parks the key when the attempt panics. A panic is

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/atomicphase/atomicphase/internal/keystore"
 )
 
 // Resume continues an unfinished key with no request at hand, from its
@@ -98,7 +100,7 @@ func (r *Runner) resume(ctx context.Context, scope, key string, opts resumeOpts)
 			// were taken over) count too: without this a key that kills
 			// its process would be run forever.
 			why := fmt.Errorf("%d attempts never finished; the limit is %d", row.Attempts-1, r.cfg.MaxAttempts)
-			if _, err := r.release(ctx, scope, key, row.LockToken, why, 0, parkExhausted, false, row.RecoveryPoint != RecoveryPointStarted); err != nil {
+			if _, err := r.release(ctx, scope, key, row.LockToken, why, 0, parkExhausted, false, resumeMayHaveCalled(wf, row)); err != nil {
 				return nil, err
 			}
 			r.observe(ctx, Event{Kind: EventParked, Workflow: row.Workflow, Scope: scope, Key: key, Err: why})
@@ -113,4 +115,18 @@ func (r *Runner) resume(ctx context.Context, scope, key string, opts resumeOpts)
 	}
 	r.observe(ctx, Event{Kind: kind, Workflow: row.Workflow, Scope: scope, Key: key})
 	return a.run(ctx, row)
+}
+
+// resumeMayHaveCalled is mayHaveCalled for a key about to resume under wf,
+// counted as called when its resume point cannot be found.
+func resumeMayHaveCalled(wf AnyWorkflow, row *keystore.Row) bool {
+	var jump string
+	if row.JumpTarget != nil {
+		jump = *row.JumpTarget
+	}
+	idx, err := wf.resumeAt(row.RecoveryPoint, jump)
+	if err != nil {
+		return true
+	}
+	return mayHaveCalled(wf.phaseSteps(), idx, row)
 }

@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/atomicphase/atomicphase"
@@ -254,4 +257,155 @@ func TestForcedForgetKeepsTheSaltWithoutTheWorkflow(t *testing.T) {
 	ref, _ := bk.only(t)
 	require.Equal(t, ref, atomicphase.DownstreamKeyOf(info.DownstreamSalt, "payout", "driver_1", "p", "pay"),
 		"the reference the bank knows derives from what the trail kept")
+}
+
+// chargeOnly is a workflow of one foreign phase that charges (counted by
+// downstream key in charges) and responds.
+func chargeOnly(mu *sync.Mutex, charges map[string]int) *atomicphase.Workflow[buyIn] {
+	return atomicphase.MustWorkflow("charge-only", func(in buyIn, _ *atomicphase.Request) (buyIn, error) { return in, nil },
+		[]atomicphase.Phase[buyIn]{atomicphase.Foreign("charge", func(ctx context.Context, call *atomicphase.ForeignCall, s *buyIn) error {
+			return call.Do(ctx, func(ctx context.Context, key string) error {
+				mu.Lock()
+				defer mu.Unlock()
+				charges[key]++
+				return nil
+			})
+		}, func(context.Context, atomicphase.Tx, *buyIn) (atomicphase.Outcome, error) {
+			return atomicphase.Respond(201, []byte("charged")), nil
+		})}, nil)
+}
+
+// A process killed right after its call leaves nothing on the row (a
+// downstream with idempotency keys takes no call mark); the sweep that
+// then finds the key's attempts spent parks it as one that may have paid,
+// since the phase it would resume at is the foreign one an earlier attempt
+// reached. Before, it parked it settled, a bulk forget deleted it, and the
+// retry charged again under a new downstream key.
+func TestSweepParksAKeyThatKilledItsProcessAfterACallAsPaid(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t, shopDBOpts, &atomicphase.Config{MaxAttempts: 1, FaultInjector: crashOnce("charge", atomicphase.AfterForeign)})
+	var mu sync.Mutex
+	charges := map[string]int{}
+	wf := chargeOnly(&mu, charges)
+	require.NoError(t, b.runner.Register(wf))
+	_, err := b.runner.Run(b.ctx, wf, buyRequest("k", 1, 1))
+	require.ErrorIs(t, err, atomicphase.ErrCrashed)
+	ageLocks(t, b)
+	_, err = newSweeper(t, b, nil).RunOnce(b.ctx)
+	require.NoError(t, err)
+	info, err := b.runner.Inspect(b.ctx, "u", "k")
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.KeyParked, info.Status)
+	require.True(t, info.Unsettled, "it may have paid")
+	forgot, err := b.runner.ForgetKeys(b.ctx, nil, nil)
+	require.NoError(t, err)
+	require.Empty(t, forgot)
+	require.NoError(t, b.runner.Unpark(b.ctx, "u", "k"))
+	_, err = b.runner.Run(b.ctx, wf, buyRequest("k", 1, 1))
+	require.NoError(t, err)
+	require.Len(t, charges, 1, "one downstream key: %v", charges)
+}
+
+// A key a previous release's process parks (the eight-argument release,
+// which knows nothing of calls) counts as one that may have paid.
+func TestKeyParkedByThePreviousReleaseIsUnsettled(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t, shopDBOpts, &atomicphase.Config{FaultInjector: crashOnce("charge", atomicphase.AfterForeign)})
+	var mu sync.Mutex
+	wf := chargeOnly(&mu, map[string]int{})
+	_, err := b.runner.Run(b.ctx, wf, buyRequest("k", 1, 1))
+	require.ErrorIs(t, err, atomicphase.ErrCrashed)
+	info, err := b.runner.Inspect(b.ctx, "u", "k")
+	require.NoError(t, err)
+	var released bool
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT * FROM atomicphase_release('u', 'k', $1, 'failed in 0.2.0', 0, true, false, true)`,
+		info.LockToken).Scan(&released))
+	require.True(t, released)
+	info, err = b.runner.Inspect(b.ctx, "u", "k")
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.KeyParked, info.Status)
+	require.True(t, info.Unsettled)
+	require.ErrorIs(t, b.runner.Forget(b.ctx, "u", "k"), atomicphase.ErrOutcomeUnsettled)
+}
+
+// forgetTracer runs hook once, right after the statement that reads a key
+// for a forget has answered: between the forget's read and its delete.
+type forgetTracer struct {
+	once sync.Once
+	hook func()
+}
+
+func (f *forgetTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "lock_token, unknown_at, call_until") {
+		return context.WithValue(ctx, f, true)
+	}
+	return ctx
+}
+
+func (f *forgetTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if ctx.Value(f) != nil {
+		f.once.Do(f.hook)
+	}
+}
+
+// A forget that read the key while an attempt still held it, settled, then
+// raced the attempt parking it as paid under the same token, deleted it:
+// the delete now matches the park and the call mark as read.
+func TestForgetDoesNotDeleteAKeyParkedAfterItsRead(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t, shopDBOpts, &atomicphase.Config{FaultInjector: crashOnce("charge", atomicphase.AfterForeign)})
+	var mu sync.Mutex
+	wf := chargeOnly(&mu, map[string]int{})
+	_, err := b.runner.Run(b.ctx, wf, buyRequest("k", 1, 1)) // left held, as by a live attempt
+	require.ErrorIs(t, err, atomicphase.ErrCrashed)
+	info, err := b.runner.Inspect(b.ctx, "u", "k")
+	require.NoError(t, err)
+	cfg := b.db.Pool.Config().Copy()
+	cfg.ConnConfig.Tracer = &forgetTracer{hook: func() {
+		// The holder parks the key, paid, between the read and the delete.
+		_, err := b.db.Pool.Exec(context.Background(), `SELECT * FROM atomicphase_release('u', 'k', $1, 'refused', 0, true, false, true, true)`, info.LockToken)
+		if err != nil {
+			panic(err)
+		}
+	}}
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	op, err := atomicphase.NewRunner(pool, nil)
+	require.NoError(t, err)
+	err = op.Forget(b.ctx, "u", "k")
+	require.Error(t, err, "the key changed under the forget")
+	_, err = b.runner.Inspect(b.ctx, "u", "k")
+	require.NoError(t, err, "the key is still there")
+}
+
+// A takeover that fails before it reaches the call (here a permanent
+// failure at the phase's start) parks a key whose earlier attempt may have
+// called: it counts as paid.
+func TestTakeoverThatFailsBeforeTheCallParksAsPaid(t *testing.T) {
+	t.Parallel()
+	var n atomic.Int32
+	b := setupDB(t, shopDBOpts, &atomicphase.Config{FaultInjector: atomicphase.FaultInjectorFunc(
+		func(_ context.Context, at atomicphase.FaultPoint, _ *pgx.Conn) error {
+			switch {
+			case at.Phase != "charge":
+			case at.Place == atomicphase.AfterForeign && n.Add(1) == 1:
+				return fmt.Errorf("killed: %w", atomicphase.ErrCrashed)
+			case at.Place == atomicphase.BeforePhase && n.Load() == 1:
+				return atomicphase.Permanent(errors.New("the takeover fails at the start"))
+			}
+			return nil
+		})})
+	var mu sync.Mutex
+	wf := chargeOnly(&mu, map[string]int{})
+	_, err := b.runner.Run(b.ctx, wf, buyRequest("k", 1, 1))
+	require.ErrorIs(t, err, atomicphase.ErrCrashed)
+	ageLocks(t, b)
+	_, err = b.runner.Run(b.ctx, wf, buyRequest("k", 1, 1))
+	var pe *atomicphase.PhaseError
+	require.ErrorAs(t, err, &pe)
+	require.True(t, pe.Parked)
+	info, err := b.runner.Inspect(b.ctx, "u", "k")
+	require.NoError(t, err)
+	require.True(t, info.Unsettled, "the first attempt may have charged")
 }

@@ -96,8 +96,8 @@ func (r *Runner) notRunnableHere(ctx context.Context, row *keystore.Row, scope, 
 	}
 	why := fmt.Errorf("atomicphase: %s: deploy a build that registers it, then unpark the key", missing)
 	// Parked for good without the definition that would tell which of its
-	// phases called out: a key past its first phase may have paid.
-	if _, err := r.release(ctx, scope, key, row.LockToken, why, 0, parkFinal, false, row.RecoveryPoint != RecoveryPointStarted); err != nil {
+	// phases called out: an attempt of it ran, and may have paid.
+	if _, err := r.release(ctx, scope, key, row.LockToken, why, 0, parkFinal, false, true); err != nil {
 		return err
 	}
 	r.observe(ctx, Event{Kind: EventParked, Workflow: row.Workflow, Scope: scope, Key: key, Err: why})

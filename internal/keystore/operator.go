@@ -28,19 +28,22 @@ func (s *Store) Unpark(ctx context.Context, db DB, scope, key string) (bool, err
 
 // forgetReadSQL reads whether a key is unsettled (unsettledSQL), and what
 // that was judged by. A read: the time is the node's that holds the key.
-const forgetReadSQL = `SELECT ` + unsettledSQL + `, lock_token, unknown_at, call_until
+const forgetReadSQL = `SELECT ` + unsettledSQL + `, lock_token, unknown_at, call_until, parked_at, called_at
 FROM /* TEMPLATE: schema */idempotency_keys WHERE scope = $1::text AND idempotency_key = $2::text`
 
 // forgetSQL deletes a finished key, or a parked one nobody holds, as it
-// was read: its lock token and its unknown-outcome and call marks the same
-// (a mark, once past, stays past), so the statement takes no time of its
-// own, which on Citus the coordinator would evaluate by its own clock.
+// was read: its lock token, its park and its unknown-outcome, call and
+// called marks the same (a call mark, once past, stays past), so the
+// statement takes no time of its own, which on Citus the coordinator would
+// evaluate by its own clock. A key parked (or marked) after the read, even
+// under the same token, is left alone.
 const forgetSQL = `
 DELETE FROM /* TEMPLATE: schema */idempotency_keys
 WHERE scope = $1::text AND idempotency_key = $2::text
   AND (response_status IS NOT NULL OR (parked_at IS NOT NULL AND locked_at IS NULL))
   AND lock_token = $3::bigint
   AND unknown_at IS NOT DISTINCT FROM $4::timestamptz AND call_until IS NOT DISTINCT FROM $5::timestamptz
+  AND parked_at IS NOT DISTINCT FROM $6::timestamptz AND called_at IS NOT DISTINCT FROM $7::timestamptz
 RETURNING recovery_point, downstream_salt::text, unknown_at, call_until`
 
 // Forgotten is what Forget deleted: where the key stood, and what a
@@ -58,8 +61,8 @@ type Forgotten struct {
 func (s *Store) Forget(ctx context.Context, db DB, scope, key string, force bool) (*Forgotten, error) {
 	var unsettled bool
 	var token int64
-	var unknownAt, callUntil *time.Time
-	err := db.QueryRow(ctx, s.sql.forgetRead, scope, key).Scan(&unsettled, &token, &unknownAt, &callUntil)
+	var unknownAt, callUntil, parkedAt, calledAt *time.Time
+	err := db.QueryRow(ctx, s.sql.forgetRead, scope, key).Scan(&unsettled, &token, &unknownAt, &callUntil, &parkedAt, &calledAt)
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && unsettled && !force) {
 		return nil, nil
 	}
@@ -67,7 +70,7 @@ func (s *Store) Forget(ctx context.Context, db DB, scope, key string, force bool
 		return nil, err
 	}
 	var f Forgotten
-	err = db.QueryRow(ctx, s.sql.forget, scope, key, token, unknownAt, callUntil).Scan(&f.RecoveryPoint, &f.DownstreamSalt, &f.UnknownAt, &f.CallUntil)
+	err = db.QueryRow(ctx, s.sql.forget, scope, key, token, unknownAt, callUntil, parkedAt, calledAt).Scan(&f.RecoveryPoint, &f.DownstreamSalt, &f.UnknownAt, &f.CallUntil)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
