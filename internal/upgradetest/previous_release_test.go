@@ -29,7 +29,7 @@ import (
 
 // previousRelease is the commit of the previous release (CHANGELOG.md):
 // 0.2.0. Move it on at each release.
-const previousRelease = "3714a8158491df62e4898fd2179644a3cfc6fd2d"
+const previousRelease = "1c64a1cdea0e9abdd4dee47c49d378c120eedf91"
 
 // skipped are the previous release's tests that check the schema itself
 // (what Migrate applies, what CheckSchema finds on an empty database):
