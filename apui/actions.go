@@ -156,7 +156,7 @@ func statusOf(err error) int {
 
 // keyAction takes the action a key page's form posts.
 func (h *Handler) keyAction(w http.ResponseWriter, r *http.Request) {
-	if !checkCSRF(r) {
+	if !h.checkCSRF(r) {
 		h.fail(w, r, http.StatusForbidden, errors.New("the form's token is missing or stale: reload the page and try again"))
 		return
 	}
@@ -259,7 +259,7 @@ type bulkData struct {
 // which shows the count and a sample and a form to confirm; the
 // confirmation then acts.
 func (h *Handler) bulk(w http.ResponseWriter, r *http.Request) {
-	if !checkCSRF(r) {
+	if !h.checkCSRF(r) {
 		h.fail(w, r, http.StatusForbidden, errors.New("the form's token is missing or stale: reload the page and try again"))
 		return
 	}

@@ -42,6 +42,7 @@ type testBundle struct {
 	labels   *int   // calls the label downstream took
 	labelRef string // the downstream key the label call was sent with
 	opts     *Options
+	handler  *Handler
 	workflow map[string]*atomicphase.Workflow[state]
 }
 
@@ -125,6 +126,7 @@ func setup(t *testing.T, opts *Options) *testBundle {
 	b.opts = o
 	h, err := NewHandler(o)
 	require.NoError(t, err)
+	b.handler = h
 	b.srv = httptest.NewServer(h)
 	t.Cleanup(b.srv.Close)
 	jar, err := cookiejar.New(nil)
