@@ -39,8 +39,9 @@ func chromiumPath(t *testing.T) string {
 	return ""
 }
 
-// browser starts a headless Chromium for the test and returns its context.
-func browser(t *testing.T) context.Context {
+// browser starts a headless Chromium for the test, with extra flags, and
+// returns its context.
+func browser(t *testing.T, extra ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
 	opts := append([]chromedp.ExecAllocatorOption{},
 		chromedp.ExecPath(chromiumPath(t)),
@@ -50,6 +51,7 @@ func browser(t *testing.T) context.Context {
 		chromedp.Flag("disable-sync", true),
 		chromedp.WindowSize(1280, 860),
 	)
+	opts = append(opts, extra...)
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(actx)
 	// A bound on the whole browser session, so that a hung browser fails
