@@ -65,7 +65,7 @@ func (h *Handler) do(ctx context.Context, actor string, a *keyAction, detail map
 		detail["result"] = a.Result
 	}
 	if err != nil {
-		detail["error"] = err.Error()
+		detail["error"] = auditError(err)
 	}
 	raw, jerr := json.Marshal(detail)
 	if jerr != nil {
@@ -102,7 +102,7 @@ func (h *Handler) act(ctx context.Context, actor string, a *keyAction) (done str
 			return "scheduled", nil
 		}
 		if _, err := rn.Resume(ctx, a.Scope, a.Key); err != nil {
-			return "scheduled", fmt.Errorf("the key is unparked and due, but resuming it now failed: %w", err)
+			return "scheduled", &resumeFailed{err}
 		}
 		return "resumed", nil
 	case "unpark":
@@ -130,6 +130,15 @@ func (h *Handler) act(ctx context.Context, actor string, a *keyAction) (done str
 	}
 	return "", &errBadAction{fmt.Sprintf("no action %q; use one of %s", a.Action, strings.Join(actionNames, ", "))}
 }
+
+// resumeFailed is a resume that unparked the key and scheduled it, but
+// whose run of the key's phases failed.
+type resumeFailed struct{ err error }
+
+const resumeFailedText = "the key is unparked and due, but resuming it now failed: "
+
+func (e *resumeFailed) Error() string { return resumeFailedText + e.err.Error() }
+func (e *resumeFailed) Unwrap() error { return e.err }
 
 // done2 is done when err is nil, and "" (nothing done) otherwise.
 func done2(done string, err error) (string, error) {
@@ -174,7 +183,8 @@ func (h *Handler) keyAction(w http.ResponseWriter, r *http.Request) {
 	}
 	done, err := h.do(r.Context(), h.opts.Actor(r), a, nil)
 	if err != nil {
-		h.fail(w, r, statusOf(err), fmt.Errorf("%s %q in scope %q: %w", a.Action, escapeControl(a.Key), escapeControl(a.Scope), err))
+		h.fail(w, r, statusOf(err), fmt.Errorf("%s %q in scope %q: %s", a.Action, escapeControl(a.Key), escapeControl(a.Scope),
+			h.actionError(a.Scope, a.Key, err)))
 		return
 	}
 	if done == "forgotten" {
@@ -239,7 +249,8 @@ func (h *Handler) bulkDo(ctx context.Context, actor, action string, f *atomicpha
 		if _, err := h.do(ctx, actor, a, map[string]any{"bulk_filter": filter}); err != nil {
 			res.Failed++
 			if len(res.Failures) < 10 {
-				res.Failures = append(res.Failures, fmt.Sprintf("%s %s: %s", escapeControl(k.Scope), escapeControl(k.Key), escapeControl(err.Error())))
+				res.Failures = append(res.Failures, fmt.Sprintf("%s %s: %s", escapeControl(k.Scope), escapeControl(k.Key),
+					escapeControl(h.actionError(k.Scope, k.Key, err))))
 			}
 			continue
 		}
@@ -263,7 +274,7 @@ func (h *Handler) bulk(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusForbidden, errors.New("the form's token is missing or stale: reload the page and try again"))
 		return
 	}
-	f, err := parseFilter(r.PostForm, h.opts.PageSize)
+	f, err := h.parseFilter(r.PostForm)
 	if err != nil {
 		h.fail(w, r, http.StatusBadRequest, err)
 		return

@@ -77,7 +77,7 @@ type keysJSON struct {
 }
 
 func (h *Handler) apiKeys(w http.ResponseWriter, r *http.Request) {
-	f, err := parseFilter(r.URL.Query(), h.opts.PageSize)
+	f, err := h.parseFilter(r.URL.Query())
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err)
 		return
@@ -116,7 +116,7 @@ func (h *Handler) apiAudit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"audit": trail})
+	writeJSON(w, http.StatusOK, map[string]any{"audit": h.shownAudit(trail)})
 }
 
 func (h *Handler) apiKey(w http.ResponseWriter, r *http.Request) {
@@ -156,7 +156,7 @@ func (h *Handler) apiKeyAction(w http.ResponseWriter, r *http.Request) {
 	a.Action = r.PathValue("action")
 	done, err := h.do(r.Context(), h.opts.Actor(r), a, nil)
 	if err != nil {
-		writeError(w, statusOf(err), err)
+		writeError(w, statusOf(err), errors.New(h.actionError(a.Scope, a.Key, err)))
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"done": done})
@@ -187,7 +187,7 @@ func (h *Handler) apiBulk(w http.ResponseWriter, r *http.Request) {
 		}
 		v[k] = []string{s}
 	}
-	f, err := parseFilter(v, h.opts.PageSize)
+	f, err := h.parseFilter(v)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err)
 		return

@@ -58,7 +58,16 @@ type Options struct {
 	Actor func(r *http.Request) string
 	// Redact is called on a copy of every key before it is shown or served:
 	// blank or rewrite what operators must not see (card numbers in the
-	// state, tokens in the stored response). Defaults to showing all.
+	// state, tokens in the stored response). Every error text the console
+	// shows goes through it too, as a KeyInfo's LastError: a key's own, and
+	// those of actions on a key (a resume that fails again, a bulk action's
+	// failures, an audit entry's), passed as a KeyInfo that holds only the
+	// key's scope and key besides. While it is set, the key list cannot be
+	// filtered by error text, which would let a guessed text match what it
+	// hides; rewrite error text with the Runner's Config.RedactError
+	// instead, which applies before the text is stored (the console applies
+	// it too), so that the filter stays and searches only what may be
+	// shown. Defaults to showing all.
 	Redact func(k *atomicphase.KeyInfo)
 	// PageSize is how many keys a page of the list shows. Defaults to 50.
 	PageSize int
@@ -168,18 +177,4 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.mux.ServeHTTP(w, r)
-}
-
-// redacted returns a copy of k passed through the redaction hook.
-func (h *Handler) redacted(k *atomicphase.KeyInfo) *atomicphase.KeyInfo {
-	c := *k
-	if k.Response != nil {
-		resp := *k.Response
-		resp.Header = k.Response.Header.Clone()
-		c.Response = &resp
-	}
-	if h.opts.Redact != nil {
-		h.opts.Redact(&c)
-	}
-	return &c
 }

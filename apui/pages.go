@@ -23,21 +23,22 @@ var statuses = atomicphase.KeyStatuses()
 // parseTemplates parses each page with the layout it shares.
 func (h *Handler) parseTemplates() error {
 	funcs := template.FuncMap{
-		"prefix":     func() string { return h.opts.Prefix },
-		"readOnly":   func() bool { return h.opts.ReadOnly },
-		"ago":        ago,
-		"when":       when,
-		"keyURL":     h.keyURL,
-		"escape":     escapeControl,
-		"errorLines": errorLines,
-		"showJSON":   showJSON,
-		"showBody":   showBody,
-		"hex":        func(b []byte) string { return fmt.Sprintf("%x", b) },
-		"statuses":   func() []atomicphase.KeyStatus { return statuses },
-		"listURL":    h.listURL,
-		"deref":      func(p *string) string { return derefString(p) },
-		"derefBool":  func(p *bool) bool { return p != nil && *p },
-		"unfinished": func(k *atomicphase.KeyInfo) bool { return k.Status != atomicphase.KeyFinished },
+		"prefix":      func() string { return h.opts.Prefix },
+		"readOnly":    func() bool { return h.opts.ReadOnly },
+		"errorFilter": func() bool { return !h.errorsRedacted() },
+		"ago":         ago,
+		"when":        when,
+		"keyURL":      h.keyURL,
+		"escape":      escapeControl,
+		"errorLines":  errorLines,
+		"showJSON":    showJSON,
+		"showBody":    showBody,
+		"hex":         func(b []byte) string { return fmt.Sprintf("%x", b) },
+		"statuses":    func() []atomicphase.KeyStatus { return statuses },
+		"listURL":     h.listURL,
+		"deref":       func(p *string) string { return derefString(p) },
+		"derefBool":   func(p *bool) bool { return p != nil && *p },
+		"unfinished":  func(k *atomicphase.KeyInfo) bool { return k.Status != atomicphase.KeyFinished },
 		"forgettable": func(k *atomicphase.KeyInfo) bool {
 			return k.Status == atomicphase.KeyFinished || k.Status == atomicphase.KeyParked
 		},
@@ -176,7 +177,7 @@ type keysData struct {
 }
 
 func (h *Handler) keys(w http.ResponseWriter, r *http.Request) {
-	f, err := parseFilter(r.URL.Query(), h.opts.PageSize)
+	f, err := h.parseFilter(r.URL.Query())
 	if err != nil {
 		h.fail(w, r, http.StatusBadRequest, err)
 		return
@@ -253,6 +254,7 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusInternalServerError, err)
 		return
 	}
+	d.Audit = h.shownAudit(d.Audit)
 	h.render(w, r, http.StatusOK, "key", &page{Title: "Key " + escapeControl(key), Data: d, Notice: notice(r)})
 }
 
