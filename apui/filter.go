@@ -34,7 +34,10 @@ func (h *Handler) parseFilter(v url.Values) (*atomicphase.KeyPageFilter, error) 
 
 // parseFilter reads a filter with pageSize as the default limit.
 func parseFilter(v url.Values, pageSize int) (*atomicphase.KeyPageFilter, error) {
-	f := &atomicphase.KeyPageFilter{}
+	// Every list the console reads (pages, the API's, a bulk action's
+	// selection) is brief: what a row holds beyond what a list shows
+	// (states and bodies up to a megabyte each) is never read for it.
+	f := &atomicphase.KeyPageFilter{Brief: true}
 	f.Status = atomicphase.KeyStatus(strings.TrimSpace(v.Get("status")))
 	if f.Status != "" && !slices.Contains(atomicphase.KeyStatuses(), f.Status) {
 		return nil, fmt.Errorf("status %q is not a key status; use in_progress, stale, abandoned, unknown, parked or finished", f.Status)
