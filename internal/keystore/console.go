@@ -55,8 +55,8 @@ func (s *Store) Estimate(ctx context.Context, db DB) (int64, error) {
 
 // recentTroubleSQL lists the unfinished keys most recently parked or left
 // with an unknown outcome, newest first, as a list shows them
-// (listColumns).
-var recentTroubleSQL = `SELECT ` + listColumns("true") + `
+// (pageColumns).
+const recentTroubleSQL = `SELECT ` + briefColumns + `
 FROM /* TEMPLATE: schema */idempotency_keys
 WHERE response_status IS NULL AND (parked_at IS NOT NULL OR unknown_at IS NOT NULL)
   AND ($1::text = '' OR workflow = $1::text) AND ($2::text = '' OR scope = $2::text)
@@ -88,7 +88,7 @@ type PageFilter struct {
 	Key string
 	// After starts the page after this key; nil for the first page.
 	After *Cursor
-	// Brief reads the keys as a list shows them (listColumns).
+	// Brief reads the keys as a list shows them (pageColumns).
 	Brief bool
 }
 
@@ -102,8 +102,8 @@ const pageWhere = `
 
 // pageSQL lists a page of keys of any status in the order (created_at,
 // scope, key), after a cursor: each page is a range scan of the index on
-// created_at, however deep it is. $12 reads them brief (listColumns).
-var pageSQL = `SELECT * FROM (SELECT ` + listColumns("$12::boolean") + `
+// created_at, however deep it is. $12 reads them brief (pageColumns).
+const pageSQL = `SELECT * FROM (SELECT ` + pageColumns + `
     FROM /* TEMPLATE: schema */idempotency_keys` + pageWhere + `
     ORDER BY created_at, scope, idempotency_key) AS k
 WHERE ($5::text = '' OR k.status = $5::text)
@@ -113,7 +113,7 @@ LIMIT $6::integer`
 // pageUnfinishedSQL is pageSQL for an unfinished status: the literal
 // response_status IS NULL lets the planner use what it knows of the
 // unfinished keys (the partial indexes on them, their share of the table).
-var pageUnfinishedSQL = `SELECT * FROM (SELECT ` + listColumns("$12::boolean") + `
+const pageUnfinishedSQL = `SELECT * FROM (SELECT ` + pageColumns + `
     FROM /* TEMPLATE: schema */idempotency_keys` + pageWhere + `
       AND response_status IS NULL
     ORDER BY created_at, scope, idempotency_key) AS k
