@@ -40,6 +40,10 @@ type keyAction struct {
 	Result json.RawMessage `json:"result,omitempty"`
 }
 
+// maxResult bounds a verdict's result, which the audit entry carries
+// with the rest of its detail (atomicphase.MaxAuditDetail).
+const maxResult = atomicphase.MaxAuditDetail / 2
+
 // errBadAction is an action that cannot be taken as asked.
 type errBadAction struct{ msg string }
 
@@ -84,6 +88,14 @@ func (h *Handler) do(ctx context.Context, actor string, a *keyAction, detail map
 func (h *Handler) act(ctx context.Context, actor string, a *keyAction) (done string, err error) {
 	if a.Key == "" {
 		return "", &errBadAction{"an action needs the key's scope and key"}
+	}
+	// The audit trail keeps the note and the result for
+	// SweepConfig.AuditRetention: neither may grow it without bound.
+	if n := len(strings.TrimSpace(a.Note)); n > atomicphase.MaxAuditNote {
+		return "", &errBadAction{fmt.Sprintf("the note is %d bytes; the most is %d: say how you know in fewer words, and where the rest is", n, atomicphase.MaxAuditNote)}
+	}
+	if n := len(a.Result); n > maxResult {
+		return "", &errBadAction{fmt.Sprintf("the result is %d bytes; the most is %d: give the downstream's reference, not its whole answer", n, maxResult)}
 	}
 	rn := h.opts.Runner
 	switch a.Action {

@@ -110,13 +110,26 @@ func (h *Handler) apiLookup(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, &lookupJSON{Key: h.redacted(m.Key), Phase: m.Phase})
 }
 
+// auditJSON is GET api/audit's answer: a page of the key's trail, newest
+// first, and the ID to pass as before for the next (null on the last).
+type auditJSON struct {
+	Audit []*atomicphase.AuditEntry `json:"audit"`
+	Next  *int64                    `json:"next"`
+}
+
 func (h *Handler) apiAudit(w http.ResponseWriter, r *http.Request) {
-	trail, err := h.opts.Runner.AuditTrail(r.Context(), r.URL.Query().Get("scope"), r.URL.Query().Get("key"), 0)
+	q := r.URL.Query()
+	before, limit, err := auditPaging(q)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	trail, next, err := h.auditPage(r.Context(), q.Get("scope"), q.Get("key"), before, limit)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"audit": h.shownAudit(trail)})
+	writeJSON(w, http.StatusOK, &auditJSON{Audit: trail, Next: next})
 }
 
 func (h *Handler) apiKey(w http.ResponseWriter, r *http.Request) {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/atomicphase/atomicphase"
@@ -220,8 +221,10 @@ type keyData struct {
 	// Registered is false when this process does not know the key's
 	// workflow: its phases cannot be listed, and resume only schedules it.
 	Registered bool
-	// Audit is the key's audit trail, newest first.
-	Audit []*atomicphase.AuditEntry
+	// Audit is a page of the key's audit trail, newest first, and
+	// OlderURL the link to the next (older) page, if any.
+	Audit    []*atomicphase.AuditEntry
+	OlderURL string
 }
 
 // phaseMark is a phase on a key's page: done (committed), next (where the
@@ -250,11 +253,19 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) {
 	}
 	d := &keyData{Key: h.redacted(k)}
 	d.Phases, d.Registered = h.phaseMarks(k)
-	if d.Audit, err = h.opts.Runner.AuditTrail(r.Context(), scope, key, 0); err != nil {
+	before, _, err := auditPaging(r.URL.Query())
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, err)
+		return
+	}
+	var next *int64
+	if d.Audit, next, err = h.auditPage(r.Context(), scope, key, before, auditPageSize); err != nil {
 		h.fail(w, r, http.StatusInternalServerError, err)
 		return
 	}
-	d.Audit = h.shownAudit(d.Audit)
+	if next != nil {
+		d.OlderURL = h.keyURL(scope, key) + "&" + url.Values{"before": {strconv.FormatInt(*next, 10)}}.Encode() + "#audit"
+	}
 	h.render(w, r, http.StatusOK, "key", &page{Title: "Key " + escapeControl(key), Data: d, Notice: notice(r)})
 }
 
