@@ -162,9 +162,31 @@ func (r *Runner) ListKeyPage(ctx context.Context, f *KeyPageFilter) (*KeyPage, e
 
 // WorkflowPhases returns the phase names, in order, of the workflow
 // registered (or run) under name in this process, and false when none is:
-// what a console shows the recovery point against.
+// its first version registered. A key resumes under its own version's
+// definition: WorkflowVersionPhases gives that one.
 func (r *Runner) WorkflowPhases(name string) ([]string, bool) {
 	wf, ok := r.workflow(name)
+	if !ok {
+		return nil, false
+	}
+	steps := wf.phaseSteps()
+	names := make([]string, len(steps))
+	for i, s := range steps {
+		names[i] = s.name
+	}
+	return names, true
+}
+
+// WorkflowVersionPhases returns the phase names, in order, of version of
+// the workflow name as registered in this process, and false when that
+// version is not: what a key's page marks the key's recovery point
+// against, since each key resumes under its own version's definition. For
+// version "" (a key recorded before versions were) it is WorkflowPhases.
+func (r *Runner) WorkflowVersionPhases(name, version string) ([]string, bool) {
+	if version == "" {
+		return r.WorkflowPhases(name)
+	}
+	wf, ok := r.workflowVersion(name, version)
 	if !ok {
 		return nil, false
 	}

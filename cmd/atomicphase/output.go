@@ -39,10 +39,16 @@ type keySummary struct {
 // rest of what Inspect returns.
 type keyDetail struct {
 	keySummary
-	LockToken     int64           `json:"lock_token"`
-	LockExpiresIn *float64        `json:"lock_expires_in_seconds"`
-	State         json.RawMessage `json:"state"`
-	Response      *responseDetail `json:"response"`
+	// WorkflowVersion is the version the key started under ("" before
+	// versions were recorded).
+	WorkflowVersion string `json:"workflow_version"`
+	// DownstreamKeys are the downstream keys of the phases named with
+	// --phase, by phase; null when none was.
+	DownstreamKeys map[string]string `json:"downstream_keys"`
+	LockToken      int64             `json:"lock_token"`
+	LockExpiresIn  *float64          `json:"lock_expires_in_seconds"`
+	State          json.RawMessage   `json:"state"`
+	Response       *responseDetail   `json:"response"`
 	// Audit is the key's audit trail, newest first.
 	Audit []*atomicphase.AuditEntry `json:"audit"`
 }
@@ -66,7 +72,8 @@ func summarize(k *atomicphase.KeyInfo) keySummary {
 }
 
 func detail(k *atomicphase.KeyInfo) keyDetail {
-	d := keyDetail{keySummary: summarize(k), LockToken: k.LockToken, LockExpiresIn: k.LockExpiresIn}
+	d := keyDetail{keySummary: summarize(k), WorkflowVersion: k.WorkflowVersion, DownstreamKeys: k.DownstreamKeys,
+		LockToken: k.LockToken, LockExpiresIn: k.LockExpiresIn}
 	switch {
 	case k.State == nil:
 	case json.Valid(k.State):

@@ -13,6 +13,7 @@ type Info struct {
 	Scope            string
 	Key              string
 	Workflow         string
+	WorkflowVersion  *string // nil on keys older than versions
 	RecoveryPoint    string
 	RequestMethod    string
 	RequestPath      string
@@ -82,7 +83,7 @@ const statusSQL = `CASE
 const unsettledSQL = `(unknown_at IS NOT NULL OR coalesce(call_until >= now(), false))`
 
 // infoColumns are the columns an Info is scanned from.
-const infoColumns = `scope, idempotency_key AS key, workflow, recovery_point,
+const infoColumns = `scope, idempotency_key AS key, workflow, workflow_version, recovery_point,
        request_method, request_path, fingerprint,
        ` + statusSQL + ` AS status,
        locked_at IS NOT NULL AS locked, lock_token, state, attempts, last_error,
@@ -97,7 +98,7 @@ const infoColumns = `scope, idempotency_key AS key, workflow, recovery_point,
 // the verdict's note and result) are read as empty. The last error is
 // bounded where it is written (MaxLastError). A brief page then takes
 // memory that follows its length, not what the keys' rows hold.
-const pageColumns = `scope, idempotency_key AS key, workflow, recovery_point,
+const pageColumns = `scope, idempotency_key AS key, workflow, workflow_version, recovery_point,
        request_method, CASE WHEN $12::boolean THEN '' ELSE request_path END AS request_path, fingerprint,
        ` + statusSQL + ` AS status,
        locked_at IS NOT NULL AS locked, lock_token, CASE WHEN $12::boolean THEN NULL ELSE state END AS state, attempts, last_error,
@@ -110,7 +111,7 @@ const pageColumns = `scope, idempotency_key AS key, workflow, recovery_point,
        created_at, updated_at, finished_at`
 
 // briefColumns are pageColumns always brief.
-const briefColumns = `scope, idempotency_key AS key, workflow, recovery_point,
+const briefColumns = `scope, idempotency_key AS key, workflow, workflow_version, recovery_point,
        request_method, '' AS request_path, fingerprint,
        ` + statusSQL + ` AS status,
        locked_at IS NOT NULL AS locked, lock_token, NULL::bytea AS state, attempts, last_error,
