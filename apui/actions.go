@@ -134,7 +134,7 @@ func (h *Handler) act(ctx context.Context, actor string, a *keyAction) (done str
 				return "", &errBadAction{"a call that did not happen has no result: leave the result empty"}
 			}
 			if !json.Valid(a.Result) {
-				return "", &errBadAction{`the result is not JSON: quote a string ("lbl-1") or give an object ({"label_id": "lbl-1"})`}
+				return "", &errBadAction{`the result is not JSON: quote a string ("ref-123") or give an object ({"id": "ref-123"})`}
 			}
 			return done2("resolved", rn.RecordResolutionWithResult(ctx, a.Scope, a.Key, actor+": "+note, a.Result))
 		}

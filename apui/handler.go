@@ -152,6 +152,7 @@ func NewHandler(opts *Options) (*Handler, error) {
 	h.mux.HandleFunc("GET "+p+"/{$}", h.overview)
 	h.mux.HandleFunc("GET "+p+"/keys", h.keys)
 	h.mux.HandleFunc("GET "+p+"/key", h.key)
+	h.mux.HandleFunc("GET "+p+"/versions", h.versions)
 	h.mux.HandleFunc("POST "+p+"/key", h.keyAction)
 	h.mux.HandleFunc("POST "+p+"/bulk", h.bulk)
 	h.mux.HandleFunc("GET "+p+"/api/levels", h.apiLevels)
@@ -159,6 +160,7 @@ func NewHandler(opts *Options) (*Handler, error) {
 	h.mux.HandleFunc("GET "+p+"/api/key", h.apiKey)
 	h.mux.HandleFunc("GET "+p+"/api/lookup", h.apiLookup)
 	h.mux.HandleFunc("GET "+p+"/api/audit", h.apiAudit)
+	h.mux.HandleFunc("GET "+p+"/api/versions", h.apiVersions)
 	h.mux.HandleFunc("POST "+p+"/api/key/{action}", h.apiKeyAction)
 	h.mux.HandleFunc("POST "+p+"/api/bulk/{action}", h.apiBulk)
 	return h, nil

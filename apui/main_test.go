@@ -187,3 +187,10 @@ func text(body string) string {
 	s := regexp.MustCompile(`(?s)<[^>]*>`).ReplaceAllString(body, " ")
 	return strings.Join(strings.Fields(s), " ")
 }
+
+// newRecorder serves path with h and returns the body.
+func newRecorder(h http.Handler, path string) string {
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	return rec.Body.String()
+}

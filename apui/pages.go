@@ -24,28 +24,29 @@ var statuses = atomicphase.KeyStatuses()
 // parseTemplates parses each page with the layout it shares.
 func (h *Handler) parseTemplates() error {
 	funcs := template.FuncMap{
-		"prefix":      func() string { return h.opts.Prefix },
-		"readOnly":    func() bool { return h.opts.ReadOnly },
-		"errorFilter": func() bool { return !h.errorsRedacted() },
-		"ago":         ago,
-		"when":        when,
-		"keyURL":      h.keyURL,
-		"escape":      escapeControl,
-		"errorLines":  errorLines,
-		"showJSON":    showJSON,
-		"showBody":    showBody,
-		"hex":         func(b []byte) string { return fmt.Sprintf("%x", b) },
-		"statuses":    func() []atomicphase.KeyStatus { return statuses },
-		"listURL":     h.listURL,
-		"deref":       func(p *string) string { return derefString(p) },
-		"derefBool":   func(p *bool) bool { return p != nil && *p },
-		"unfinished":  func(k *atomicphase.KeyInfo) bool { return k.Status != atomicphase.KeyFinished },
+		"prefix":         func() string { return h.opts.Prefix },
+		"readOnly":       func() bool { return h.opts.ReadOnly },
+		"errorFilter":    func() bool { return !h.errorsRedacted() },
+		"ago":            ago,
+		"when":           when,
+		"keyURL":         h.keyURL,
+		"escape":         escapeControl,
+		"errorLines":     errorLines,
+		"showJSON":       showJSON,
+		"showBody":       showBody,
+		"hex":            func(b []byte) string { return fmt.Sprintf("%x", b) },
+		"statuses":       func() []atomicphase.KeyStatus { return statuses },
+		"listURL":        h.listURL,
+		"workflowFilter": func(w string) url.Values { return url.Values{"workflow": {w}} },
+		"deref":          func(p *string) string { return derefString(p) },
+		"derefBool":      func(p *bool) bool { return p != nil && *p },
+		"unfinished":     func(k *atomicphase.KeyInfo) bool { return k.Status != atomicphase.KeyFinished },
 		"forgettable": func(k *atomicphase.KeyInfo) bool {
 			return k.Status == atomicphase.KeyFinished || k.Status == atomicphase.KeyParked
 		},
 	}
 	h.pages = map[string]*template.Template{}
-	for _, page := range []string{"overview", "keys", "key", "bulk", "error"} {
+	for _, page := range []string{"overview", "keys", "key", "bulk", "versions", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return fmt.Errorf("apui: template %s: %w", page, err)
@@ -269,9 +270,11 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) {
 	h.render(w, r, http.StatusOK, "key", &page{Title: "Key " + escapeControl(key), Data: d, Notice: notice(r)})
 }
 
-// phaseMarks marks the key's workflow's phases against its recovery point.
+// phaseMarks marks the phases of the key's own version of its workflow
+// (each key resumes under the definition it started under) against its
+// recovery point.
 func (h *Handler) phaseMarks(k *atomicphase.KeyInfo) ([]phaseMark, bool) {
-	names, ok := h.opts.Runner.WorkflowPhases(k.Workflow)
+	names, ok := h.opts.Runner.WorkflowVersionPhases(k.Workflow, k.WorkflowVersion)
 	if !ok {
 		return nil, false
 	}
