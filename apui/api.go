@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"mime"
 	"net/http"
+	"time"
 
 	"github.com/atomicphase/atomicphase"
 )
@@ -49,6 +50,9 @@ func (h *Handler) apiLevels(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err)
 		return
+	}
+	if f.Workflow == "" && f.Scope == "" {
+		h.samples.add(sampleOf(time.Now(), levels))
 	}
 	est, err := h.opts.Runner.EstimateKeys(ctx)
 	if err != nil {

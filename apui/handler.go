@@ -105,6 +105,9 @@ type Handler struct {
 	hosts       *hostList
 	secret      []byte
 	crossOrigin *http.CrossOriginProtection
+	// samples are the levels this process read in the last hour, for the
+	// overview's chart (chart.go).
+	samples levelSamples
 }
 
 // NewHandler returns the console for opts.

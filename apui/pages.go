@@ -37,6 +37,7 @@ func (h *Handler) parseTemplates() error {
 		"hex":            func(b []byte) string { return fmt.Sprintf("%x", b) },
 		"statuses":       func() []atomicphase.KeyStatus { return statuses },
 		"listURL":        h.listURL,
+		"half":           half,
 		"workflowFilter": func(w string) url.Values { return url.Values{"workflow": {w}} },
 		"deref":          func(p *string) string { return derefString(p) },
 		"derefBool":      func(p *bool) bool { return p != nil && *p },
@@ -91,6 +92,9 @@ type overviewData struct {
 	Trouble        []*atomicphase.KeyInfo
 	Took           time.Duration
 	FinishedApprox int64
+	// Chart is the levels over the last hour, as this process sampled
+	// them; nil before it has two samples.
+	Chart *levelChart
 	// StatusLinks and WorkflowLinks filter the key list.
 	StatusLinks   map[atomicphase.KeyStatus]url.Values
 	WorkflowLinks map[string]url.Values
@@ -121,6 +125,8 @@ func (h *Handler) overviewData(r *http.Request) (*overviewData, error) {
 	if err != nil {
 		return nil, err
 	}
+	now := time.Now()
+	h.samples.add(sampleOf(now, levels))
 	d := &overviewData{Totals: map[atomicphase.KeyStatus]int64{}, StatusLinks: map[atomicphase.KeyStatus]url.Values{},
 		WorkflowLinks: map[string]url.Values{}}
 	for _, s := range statuses {
@@ -165,6 +171,7 @@ func (h *Handler) overviewData(r *http.Request) (*overviewData, error) {
 	for _, k := range trouble {
 		d.Trouble = append(d.Trouble, h.redacted(k))
 	}
+	d.Chart = chartOf(h.samples.since(now), now)
 	return d, nil
 }
 

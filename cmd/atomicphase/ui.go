@@ -129,6 +129,11 @@ func (c *cli) serveUI(ctx context.Context, f *uiFlags) error {
 		if err != nil {
 			return err
 		}
+		// The overview's chart of the last hour: the levels, sampled.
+		sctx, stopSampling := context.WithCancel(ctx)
+		sampled := make(chan struct{})
+		go func() { defer close(sampled); h.SampleLevels(sctx, 30*time.Second) }()
+		defer func() { stopSampling(); <-sampled }()
 		srv := &http.Server{Handler: authenticate(h, f.token, user, password), ReadHeaderTimeout: 10 * time.Second}
 		mode := ""
 		if f.readOnly {
