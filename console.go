@@ -66,7 +66,9 @@ func (r *Runner) EstimateKeys(ctx context.Context) (int64, error) {
 }
 
 // RecentTrouble lists the limit unfinished keys most recently parked or left
-// with an unknown outcome, newest first (DefaultListLimit when limit <= 0).
+// with an unknown outcome, newest first (DefaultListLimit when limit <= 0),
+// each read as a list shows it (KeyPageFilter.Brief): Inspect reads one
+// whole.
 func (r *Runner) RecentTrouble(ctx context.Context, f *LevelFilter, limit int) ([]*KeyInfo, error) {
 	if f == nil {
 		f = &LevelFilter{}
@@ -103,6 +105,14 @@ type KeyPageFilter struct {
 	Key string
 	// After starts the page after this key. Defaults to the first page.
 	After *KeyCursor
+	// Brief reads each key as a list shows it, leaving out what a client
+	// can make large and no list shows: the State, the stored Response's
+	// Header and Body (its Status stays), the RequestPath, and the
+	// verdict's ResolvedNote and ResolvedResult. A page then takes memory
+	// that follows its length, whatever the keys hold (LastError is
+	// bounded when it is stored); Inspect reads a key whole. Defaults to
+	// false.
+	Brief bool
 }
 
 // KeyPage is one page of keys, oldest first.
@@ -131,7 +141,7 @@ func (r *Runner) ListKeyPage(ctx context.Context, f *KeyPageFilter) (*KeyPage, e
 	kf := &keystore.PageFilter{
 		Filter: keystore.Filter{Status: string(f.Status), Workflow: f.Workflow, Scope: f.Scope,
 			OlderThan: f.OlderThan, Limit: limit + 1},
-		ErrorContains: f.ErrorContains, Key: f.Key,
+		ErrorContains: f.ErrorContains, Key: f.Key, Brief: f.Brief,
 	}
 	if f.After != nil {
 		kf.After = &keystore.Cursor{CreatedAt: f.After.CreatedAt, Scope: f.After.Scope, Key: f.After.Key}
@@ -152,9 +162,31 @@ func (r *Runner) ListKeyPage(ctx context.Context, f *KeyPageFilter) (*KeyPage, e
 
 // WorkflowPhases returns the phase names, in order, of the workflow
 // registered (or run) under name in this process, and false when none is:
-// what a console shows the recovery point against.
+// its first version registered. A key resumes under its own version's
+// definition: WorkflowVersionPhases gives that one.
 func (r *Runner) WorkflowPhases(name string) ([]string, bool) {
 	wf, ok := r.workflow(name)
+	if !ok {
+		return nil, false
+	}
+	steps := wf.phaseSteps()
+	names := make([]string, len(steps))
+	for i, s := range steps {
+		names[i] = s.name
+	}
+	return names, true
+}
+
+// WorkflowVersionPhases returns the phase names, in order, of version of
+// the workflow name as registered in this process, and false when that
+// version is not: what a key's page marks the key's recovery point
+// against, since each key resumes under its own version's definition. For
+// version "" (a key recorded before versions were) it is WorkflowPhases.
+func (r *Runner) WorkflowVersionPhases(name, version string) ([]string, bool) {
+	if version == "" {
+		return r.WorkflowPhases(name)
+	}
+	wf, ok := r.workflowVersion(name, version)
 	if !ok {
 		return nil, false
 	}

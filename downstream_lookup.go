@@ -69,6 +69,32 @@ func (r *Runner) FindDownstreamKeyOf(ctx context.Context, scope, reference, work
 	})
 }
 
+// InspectWithPhases is Inspect for a process that does not have the
+// workflow's code (the CLI): besides the downstream keys of the foreign
+// phases this Runner knows, KeyInfo.DownstreamKeys holds those of the
+// phases named, each by the name its downstream keys are derived from (its
+// oldest, for a renamed phase). Name foreign phases only: a local phase
+// sends no downstream key, and the one computed for it is no one's.
+func (r *Runner) InspectWithPhases(ctx context.Context, scope, key string, phases ...string) (*KeyInfo, error) {
+	row, err := r.store.Inspect(ctx, r.poolFor(scope), scope, key)
+	if err != nil {
+		return nil, storeError("inspect key", err)
+	}
+	if row == nil {
+		return nil, ErrKeyNotFound
+	}
+	info := r.keyInfo(row)
+	for _, p := range phases {
+		if info.DownstreamKeys == nil {
+			info.DownstreamKeys = map[string]string{}
+		}
+		if _, ok := info.DownstreamKeys[p]; !ok {
+			info.DownstreamKeys[p] = downstreamKey(row.DownstreamSalt, row.Workflow, scope, key, p)
+		}
+	}
+	return info, nil
+}
+
 // findDownstream hashes the keys of scope with the phases phasesOf names
 // for their workflow until one gives reference.
 func (r *Runner) findDownstream(ctx context.Context, scope, reference string, phasesOf func(workflow string) []string) (*DownstreamMatch, error) {

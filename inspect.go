@@ -9,10 +9,14 @@ import (
 
 // KeyInfo is what Inspect reports about a key.
 type KeyInfo struct {
-	Scope         string
-	Key           string
-	Workflow      string
-	RecoveryPoint string
+	Scope    string
+	Key      string
+	Workflow string
+	// WorkflowVersion is the version of the workflow's definition the key
+	// started under, and resumes under (Workflow.Version); "" for a key
+	// recorded before versions were.
+	WorkflowVersion string
+	RecoveryPoint   string
 	// RequestMethod and RequestPath are the request's method and path as
 	// first recorded, and Fingerprint the hash of the request it checks
 	// every retry against.
@@ -164,6 +168,9 @@ func keyInfo(in *keystore.Info) *KeyInfo {
 		ResolvedAt: in.ResolvedAt, ResolvedResult: in.ResolvedResult, ParkedAt: in.ParkedAt,
 		Unsettled: in.Unsettled, CallUntil: in.CallUntil, CalledAt: in.CalledAt, DownstreamSalt: in.DownstreamSalt,
 		CreatedAt: in.CreatedAt, UpdatedAt: in.UpdatedAt, FinishedAt: in.FinishedAt,
+	}
+	if in.WorkflowVersion != nil {
+		info.WorkflowVersion = *in.WorkflowVersion
 	}
 	if in.StatusCode != nil {
 		info.Response = &Response{Status: *in.StatusCode, Header: in.Header, Body: in.Body, Replayed: true}

@@ -197,6 +197,17 @@ func (r *Runner) logKey(ctx context.Context, level slog.Level, msg, workflow, sc
 	r.cfg.Logger.Log(ctx, level, msg, append([]any{"workflow", workflow, "scope", scope, "key", key}, args...)...)
 }
 
+// RedactError returns msg as Config.RedactError rewrites it, and msg
+// itself without one: for code that shows an error the Runner returned
+// (Run, Resume and the operator methods return the original text, for the
+// caller to branch on), an operator's console among them.
+func (r *Runner) RedactError(msg string) string {
+	if r.cfg.RedactError == nil {
+		return msg
+	}
+	return r.cfg.RedactError(msg)
+}
+
 // redactError is err with its text as Config.RedactError rewrites it; nil
 // and unredacted configurations leave err as it is.
 func (r *Runner) redactError(err error) error {

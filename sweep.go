@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/atomicphase/atomicphase/internal/keystore"
@@ -30,7 +31,13 @@ const (
 	DefaultMaxPerScope    = 5
 	// DefaultParkedRetention is SweepConfig.ParkedRetention's default.
 	DefaultParkedRetention = 7 * 24 * time.Hour
+	// DefaultAuditRetention is SweepConfig.AuditRetention's default.
+	DefaultAuditRetention = 400 * 24 * time.Hour
 )
+
+// auditReapEvery is how often a Sweeper reaps the audit trail: seldom,
+// since the trail has no index on its time.
+const auditReapEvery = time.Hour
 
 // SweepConfig configures a Sweeper. A nil *SweepConfig means all defaults.
 type SweepConfig struct {
@@ -78,6 +85,13 @@ type SweepConfig struct {
 	// Each deletion is logged and reported (EventParkedReaped). A negative
 	// value keeps parked keys until an operator acts. Defaults to 7 days.
 	ParkedRetention time.Duration
+
+	// AuditRetention is how long the operators' audit trail keeps an
+	// entry; the sweep deletes older ones, at most once an hour per
+	// Sweeper (Runner.ReapAudit). A trail outlives its key and explains a
+	// forced forget long after: keep it as long as your records must. A
+	// negative value keeps every entry. Defaults to 400 days.
+	AuditRetention time.Duration
 }
 
 // SweepResult counts what one sweep did.
@@ -107,6 +121,8 @@ type SweepResult struct {
 	Reaped int
 	// ReapedParked counts the parked keys deleted after ParkedRetention.
 	ReapedParked int
+	// ReapedAudit counts the audit entries deleted after AuditRetention.
+	ReapedAudit int
 }
 
 // Sweeper completes abandoned keys and reaps old ones for a Runner; see
@@ -115,6 +131,9 @@ type SweepResult struct {
 type Sweeper struct {
 	r   *Runner
 	cfg SweepConfig
+	// auditReaped is when this Sweeper last reaped the audit trail (Unix
+	// nanoseconds; 0: never).
+	auditReaped atomic.Int64
 }
 
 // NewSweeper returns a Sweeper over r's key store. It resumes keys of the
@@ -158,6 +177,9 @@ func NewSweeper(r *Runner, config *SweepConfig) (*Sweeper, error) {
 	if cfg.ParkedRetention == 0 {
 		cfg.ParkedRetention = DefaultParkedRetention
 	}
+	if cfg.AuditRetention == 0 {
+		cfg.AuditRetention = DefaultAuditRetention
+	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("atomicphase: invalid sweep config: %w", errors.Join(errs...))
 	}
@@ -188,7 +210,8 @@ func (s *Sweeper) Run(ctx context.Context) error {
 // not parked, unlocked or stale, past their backoff), each through Resume and
 // so through the normal acquisition path, fencing and all; then it deletes
 // finished keys older than Retention, in batches, and one batch of parked
-// keys older than ParkedRetention. It is what Run does on
+// keys older than ParkedRetention, and (once an hour) the audit entries
+// older than AuditRetention. It is what Run does on
 // every tick, and what a test or a cron job calls. The error is the first
 // statement of the sweep itself that failed; failures of the resumed keys
 // are counted, not returned.
@@ -206,6 +229,15 @@ func (s *Sweeper) RunOnce(ctx context.Context) (SweepResult, error) {
 		n, err := s.r.ReapParked(ctx, s.cfg.ParkedRetention, s.cfg.ReapBatchSize)
 		res.ReapedParked = n
 		if err != nil {
+			return res, err
+		}
+	}
+	if last := s.auditReaped.Load(); s.cfg.AuditRetention > 0 && time.Since(time.Unix(0, last)) >= auditReapEvery &&
+		s.auditReaped.CompareAndSwap(last, time.Now().UnixNano()) {
+		n, err := s.r.ReapAudit(ctx, s.cfg.AuditRetention)
+		res.ReapedAudit = n
+		if err != nil {
+			s.auditReaped.Store(last) // the next sweep tries again
 			return res, err
 		}
 	}

@@ -141,6 +141,12 @@
 // status Error; that includes a request's final refusals (in progress, key
 // misuse, over the limit).
 //
+// Error text (a span's status, its exception event, an event's AttrError)
+// is what the Runner hands over: as Config.RedactError rewrote it, the one
+// hook every error text goes through (the stored last error, the log, the
+// console). Without it, phase errors are recorded as they are, and may
+// quote what a client sent.
+//
 // Every decision is also a span event, named like its metric, with what the
 // event says as attributes: on the request span the acquisition decision,
 // a lost lock, a parked key; on each phase's span its committed or failed

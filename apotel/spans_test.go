@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/apotel"
@@ -145,4 +146,43 @@ func TestSpanEventsGoToTheInnermostOpenSpan(t *testing.T) {
 	require.Equal(t, phase.SpanContext().SpanID(), other.Parent().SpanID())
 	require.Equal(t, codes.Unset, other.Status().Code)
 	require.Empty(t, other.Events())
+}
+
+// Config.RedactError is the one hook error text goes through: a failed
+// phase's text reaches none of the five places a span keeps it (the phase
+// span's status and exception.message, the phase.failed event's error
+// attribute, the request span's status and exception.message) but
+// rewritten.
+func TestSpansCarryOnlyRedactedErrorText(t *testing.T) {
+	t.Parallel()
+	const card = "4242424242424242"
+	b := setup(t, nil, &atomicphase.Config{AttemptBackoff: time.Millisecond,
+		RedactError: func(msg string) string { return strings.ReplaceAll(msg, card, "[card]") }})
+	wf := b.orderWorkflow(t)
+	b.charges.then("order-42", fail(errors.New("card "+card+" declined")))
+	b.step("run", func(ctx context.Context) {
+		_, err := b.runner.Run(ctx, wf, order("user_7", "order-42", "rocket"))
+		require.ErrorContains(t, err, card, "the caller gets the error as it was")
+	})
+
+	tree := newSpanTree(b.spans)
+	var places []string
+	for _, s := range []sdktrace.ReadOnlySpan{tree.named(t, apotel.PhaseSpanPrefix+"charge"), tree.named(t, apotel.RequestSpanName)} {
+		require.Equal(t, codes.Error, s.Status().Code, s.Name())
+		places = append(places, s.Status().Description)
+		for _, e := range s.Events() {
+			a := attrs(e.Attributes)
+			switch e.Name {
+			case "exception":
+				places = append(places, a["exception.message"])
+			case ev(atomicphase.EventPhaseFailed):
+				places = append(places, a[string(apotel.AttrError)])
+			}
+		}
+	}
+	require.Len(t, places, 5)
+	for _, p := range places {
+		require.Contains(t, p, "card [card] declined")
+		require.NotContains(t, p, card)
+	}
 }

@@ -40,6 +40,10 @@ type keyAction struct {
 	Result json.RawMessage `json:"result,omitempty"`
 }
 
+// maxResult bounds a verdict's result, which the audit entry carries
+// with the rest of its detail (atomicphase.MaxAuditDetail).
+const maxResult = atomicphase.MaxAuditDetail / 2
+
 // errBadAction is an action that cannot be taken as asked.
 type errBadAction struct{ msg string }
 
@@ -65,7 +69,7 @@ func (h *Handler) do(ctx context.Context, actor string, a *keyAction, detail map
 		detail["result"] = a.Result
 	}
 	if err != nil {
-		detail["error"] = err.Error()
+		detail["error"] = auditError(err)
 	}
 	raw, jerr := json.Marshal(detail)
 	if jerr != nil {
@@ -85,6 +89,14 @@ func (h *Handler) act(ctx context.Context, actor string, a *keyAction) (done str
 	if a.Key == "" {
 		return "", &errBadAction{"an action needs the key's scope and key"}
 	}
+	// The audit trail keeps the note and the result for
+	// SweepConfig.AuditRetention: neither may grow it without bound.
+	if n := len(strings.TrimSpace(a.Note)); n > atomicphase.MaxAuditNote {
+		return "", &errBadAction{fmt.Sprintf("the note is %d bytes; the most is %d: say how you know in fewer words, and where the rest is", n, atomicphase.MaxAuditNote)}
+	}
+	if n := len(a.Result); n > maxResult {
+		return "", &errBadAction{fmt.Sprintf("the result is %d bytes; the most is %d: give the downstream's reference, not its whole answer", n, maxResult)}
+	}
 	rn := h.opts.Runner
 	switch a.Action {
 	case "resume":
@@ -102,7 +114,7 @@ func (h *Handler) act(ctx context.Context, actor string, a *keyAction) (done str
 			return "scheduled", nil
 		}
 		if _, err := rn.Resume(ctx, a.Scope, a.Key); err != nil {
-			return "scheduled", fmt.Errorf("the key is unparked and due, but resuming it now failed: %w", err)
+			return "scheduled", &resumeFailed{err}
 		}
 		return "resumed", nil
 	case "unpark":
@@ -122,7 +134,7 @@ func (h *Handler) act(ctx context.Context, actor string, a *keyAction) (done str
 				return "", &errBadAction{"a call that did not happen has no result: leave the result empty"}
 			}
 			if !json.Valid(a.Result) {
-				return "", &errBadAction{`the result is not JSON: quote a string ("lbl-1") or give an object ({"label_id": "lbl-1"})`}
+				return "", &errBadAction{`the result is not JSON: quote a string ("ref-123") or give an object ({"id": "ref-123"})`}
 			}
 			return done2("resolved", rn.RecordResolutionWithResult(ctx, a.Scope, a.Key, actor+": "+note, a.Result))
 		}
@@ -130,6 +142,15 @@ func (h *Handler) act(ctx context.Context, actor string, a *keyAction) (done str
 	}
 	return "", &errBadAction{fmt.Sprintf("no action %q; use one of %s", a.Action, strings.Join(actionNames, ", "))}
 }
+
+// resumeFailed is a resume that unparked the key and scheduled it, but
+// whose run of the key's phases failed.
+type resumeFailed struct{ err error }
+
+const resumeFailedText = "the key is unparked and due, but resuming it now failed: "
+
+func (e *resumeFailed) Error() string { return resumeFailedText + e.err.Error() }
+func (e *resumeFailed) Unwrap() error { return e.err }
 
 // done2 is done when err is nil, and "" (nothing done) otherwise.
 func done2(done string, err error) (string, error) {
@@ -156,7 +177,7 @@ func statusOf(err error) int {
 
 // keyAction takes the action a key page's form posts.
 func (h *Handler) keyAction(w http.ResponseWriter, r *http.Request) {
-	if !checkCSRF(r) {
+	if !h.checkCSRF(r) {
 		h.fail(w, r, http.StatusForbidden, errors.New("the form's token is missing or stale: reload the page and try again"))
 		return
 	}
@@ -174,7 +195,8 @@ func (h *Handler) keyAction(w http.ResponseWriter, r *http.Request) {
 	}
 	done, err := h.do(r.Context(), h.opts.Actor(r), a, nil)
 	if err != nil {
-		h.fail(w, r, statusOf(err), fmt.Errorf("%s %q in scope %q: %w", a.Action, escapeControl(a.Key), escapeControl(a.Scope), err))
+		h.fail(w, r, statusOf(err), fmt.Errorf("%s %q in scope %q: %s", a.Action, escapeControl(a.Key), escapeControl(a.Scope),
+			h.actionError(a.Scope, a.Key, err)))
 		return
 	}
 	if done == "forgotten" {
@@ -239,7 +261,8 @@ func (h *Handler) bulkDo(ctx context.Context, actor, action string, f *atomicpha
 		if _, err := h.do(ctx, actor, a, map[string]any{"bulk_filter": filter}); err != nil {
 			res.Failed++
 			if len(res.Failures) < 10 {
-				res.Failures = append(res.Failures, fmt.Sprintf("%s %s: %s", escapeControl(k.Scope), escapeControl(k.Key), escapeControl(err.Error())))
+				res.Failures = append(res.Failures, fmt.Sprintf("%s %s: %s", escapeControl(k.Scope), escapeControl(k.Key),
+					escapeControl(h.actionError(k.Scope, k.Key, err))))
 			}
 			continue
 		}
@@ -259,11 +282,11 @@ type bulkData struct {
 // which shows the count and a sample and a form to confirm; the
 // confirmation then acts.
 func (h *Handler) bulk(w http.ResponseWriter, r *http.Request) {
-	if !checkCSRF(r) {
+	if !h.checkCSRF(r) {
 		h.fail(w, r, http.StatusForbidden, errors.New("the form's token is missing or stale: reload the page and try again"))
 		return
 	}
-	f, err := parseFilter(r.PostForm, h.opts.PageSize)
+	f, err := h.parseFilter(r.PostForm)
 	if err != nil {
 		h.fail(w, r, http.StatusBadRequest, err)
 		return

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"mime"
 	"net/http"
+	"time"
 
 	"github.com/atomicphase/atomicphase"
 )
@@ -50,6 +51,9 @@ func (h *Handler) apiLevels(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, err)
 		return
 	}
+	if f.Workflow == "" && f.Scope == "" {
+		h.samples.add(sampleOf(time.Now(), levels))
+	}
 	est, err := h.opts.Runner.EstimateKeys(ctx)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err)
@@ -77,7 +81,7 @@ type keysJSON struct {
 }
 
 func (h *Handler) apiKeys(w http.ResponseWriter, r *http.Request) {
-	f, err := parseFilter(r.URL.Query(), h.opts.PageSize)
+	f, err := h.parseFilter(r.URL.Query())
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err)
 		return
@@ -110,13 +114,26 @@ func (h *Handler) apiLookup(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, &lookupJSON{Key: h.redacted(m.Key), Phase: m.Phase})
 }
 
+// auditJSON is GET api/audit's answer: a page of the key's trail, newest
+// first, and the ID to pass as before for the next (null on the last).
+type auditJSON struct {
+	Audit []*atomicphase.AuditEntry `json:"audit"`
+	Next  *int64                    `json:"next"`
+}
+
 func (h *Handler) apiAudit(w http.ResponseWriter, r *http.Request) {
-	trail, err := h.opts.Runner.AuditTrail(r.Context(), r.URL.Query().Get("scope"), r.URL.Query().Get("key"), 0)
+	q := r.URL.Query()
+	before, limit, err := auditPaging(q)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	trail, next, err := h.auditPage(r.Context(), q.Get("scope"), q.Get("key"), before, limit)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"audit": trail})
+	writeJSON(w, http.StatusOK, &auditJSON{Audit: trail, Next: next})
 }
 
 func (h *Handler) apiKey(w http.ResponseWriter, r *http.Request) {
@@ -156,7 +173,7 @@ func (h *Handler) apiKeyAction(w http.ResponseWriter, r *http.Request) {
 	a.Action = r.PathValue("action")
 	done, err := h.do(r.Context(), h.opts.Actor(r), a, nil)
 	if err != nil {
-		writeError(w, statusOf(err), err)
+		writeError(w, statusOf(err), errors.New(h.actionError(a.Scope, a.Key, err)))
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"done": done})
@@ -187,7 +204,7 @@ func (h *Handler) apiBulk(w http.ResponseWriter, r *http.Request) {
 		}
 		v[k] = []string{s}
 	}
-	f, err := parseFilter(v, h.opts.PageSize)
+	f, err := h.parseFilter(v)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err)
 		return

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -67,6 +68,7 @@ FROM generate_series(1, $1::int) AS i, LATERAL (SELECT now() - ($1::int - i) * i
 
 func benchGet(b *testing.B, srv *httptest.Server, path string) {
 	b.Helper()
+	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {
 		resp, err := http.Get(srv.URL + path)
@@ -88,4 +90,50 @@ func BenchmarkConsole(b *testing.B) {
 	b.Run("keys/parked", func(b *testing.B) { benchGet(b, srv, "/keys?status=parked") })
 	b.Run("keys/scope-error-text", func(b *testing.B) { benchGet(b, srv, "/keys?scope=tenant_0&error=declined&list=1") })
 	b.Run("key", func(b *testing.B) { benchGet(b, srv, "/key?scope=tenant_400&key=key-400") })
+}
+
+// The console's memory on rows a client of the service made large: 48
+// parked keys whose state is 1 MiB, and 48 finished ones whose stored
+// response body is 1 MiB (a client can plant both). A page of the list and
+// a bulk dry run read only the columns they show, so what they allocate
+// does not follow the rows' size; B/op is one request, server and client.
+//
+//	go test -run '^$' -bench ConsoleLargeRows -benchmem ./apui
+func BenchmarkConsoleLargeRows(b *testing.B) {
+	db := atomicphasetest.NewDB(b, nil)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `
+INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path,
+    recovery_point, state, response_status, response_header, response_body, created_at, updated_at, finished_at,
+    parked_at, last_error)
+SELECT 'tenant', 'key-' || i, 'big', '\x00'::bytea, 'POST', '/big', CASE WHEN i % 2 = 0 THEN 'started' ELSE 'finished' END,
+    CASE WHEN i % 2 = 0 THEN convert_to('{"blob": "' || repeat('x', 1 << 20) || '"}', 'UTF8') END,
+    CASE WHEN i % 2 = 1 THEN 201 END,
+    CASE WHEN i % 2 = 1 THEN '{"Content-Type": ["application/octet-stream"]}'::jsonb END,
+    CASE WHEN i % 2 = 1 THEN convert_to(repeat('y', 1 << 20), 'UTF8') END,
+    now() - (96 - i) * interval '1 second', now(), CASE WHEN i % 2 = 1 THEN now() END,
+    CASE WHEN i % 2 = 0 THEN now() END, CASE WHEN i % 2 = 0 THEN 'phase "charge": card declined' END
+FROM generate_series(1, 96) AS i`)
+	require.NoError(b, err)
+	runner, err := atomicphase.NewRunner(db.Pool, nil)
+	require.NoError(b, err)
+	h, err := NewHandler(&Options{Runner: runner})
+	require.NoError(b, err)
+	srv := httptest.NewServer(h)
+	b.Cleanup(srv.Close)
+	b.Run("keys/page-of-96", func(b *testing.B) { benchGet(b, srv, "/keys?workflow=big&limit=100") })
+	b.Run("api/keys/page-of-96", func(b *testing.B) { benchGet(b, srv, "/api/keys?workflow=big&limit=100") })
+	b.Run("overview", func(b *testing.B) { benchGet(b, srv, "/") })
+	b.Run("bulk-dry-run/48", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			resp, err := http.Post(srv.URL+"/api/bulk/forget", "application/json",
+				strings.NewReader(`{"filter":{"workflow":"big","status":"parked"},"dry_run":true}`))
+			require.NoError(b, err)
+			_, err = io.Copy(io.Discard, resp.Body)
+			require.NoError(b, err)
+			resp.Body.Close()
+			require.Equal(b, http.StatusOK, resp.StatusCode)
+		}
+	})
 }

@@ -39,8 +39,9 @@ func chromiumPath(t *testing.T) string {
 	return ""
 }
 
-// browser starts a headless Chromium for the test and returns its context.
-func browser(t *testing.T) context.Context {
+// browser starts a headless Chromium for the test, with extra flags, and
+// returns its context.
+func browser(t *testing.T, extra ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
 	opts := append([]chromedp.ExecAllocatorOption{},
 		chromedp.ExecPath(chromiumPath(t)),
@@ -50,6 +51,7 @@ func browser(t *testing.T) context.Context {
 		chromedp.Flag("disable-sync", true),
 		chromedp.WindowSize(1280, 860),
 	)
+	opts = append(opts, extra...)
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(actx)
 	// A bound on the whole browser session, so that a hung browser fails
@@ -86,13 +88,34 @@ func TestConsoleInABrowser(t *testing.T) {
 	b := setup(t, &Options{Actor: func(*http.Request) string { return "operator" }})
 	ctx := browser(t)
 	u := b.srv.URL
+	// The hour a console that sampled the levels would have seen: parks
+	// piling up, then an unknown outcome.
+	now := time.Now()
+	for i := range 12 {
+		b.handler.samples.add(levelSample{At: now.Add(time.Duration(i-12) * 5 * time.Minute),
+			Unfinished: int64(1 + i/2), Parked: int64(i / 3), Unknown: int64(i / 10)})
+	}
 
-	// The overview: the levels by workflow and status.
-	require.NoError(t, chromedp.Run(ctx, chromedp.Navigate(u+"/"), chromedp.WaitVisible("#levels", chromedp.ByID)))
+	// The overview: the levels by workflow and status, and the last hour.
+	require.NoError(t, chromedp.Run(ctx, chromedp.Navigate(u+"/"), chromedp.WaitVisible("#levels", chromedp.ByID),
+		chromedp.WaitVisible("#levels-chart", chromedp.ByID)))
 	txt := pageText(t, ctx)
 	require.Contains(t, txt, "6\nunfinished keys")
 	require.Contains(t, txt, "4\nparked")
 	require.Contains(t, txt, "unknown-1")
+	require.Contains(t, txt, "unfinished 6")
+	var lines int
+	require.NoError(t, chromedp.Run(ctx, chromedp.Evaluate(`document.querySelectorAll('#levels-chart polyline').length`, &lines)))
+	require.Equal(t, 3, lines, "the chart draws its three lines")
+	// Each count stands under its own status: every header is aligned as
+	// the numbers below it, as the browser lays them out.
+	var misaligned []string
+	require.NoError(t, chromedp.Run(ctx, chromedp.Evaluate(`(() => {
+		const heads = [...document.querySelectorAll('#levels thead th')];
+		const cells = [...document.querySelectorAll('#levels tbody tr:first-child td')];
+		return heads.flatMap((th, i) => getComputedStyle(th).textAlign === getComputedStyle(cells[i]).textAlign ? [] : [th.textContent]);
+	})()`, &misaligned)))
+	require.Empty(t, misaligned, "columns whose header is aligned otherwise than their numbers")
 	shoot(t, ctx, "overview")
 
 	// A filtered list: bob's parked keys.
@@ -131,6 +154,14 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.Equal(t, atomicphase.KeyParked, b.inspect(t, "dave", "parked-4").Status)
 	shoot(t, ctx, "bulk-done")
 
+	// The versions: each workflow's, with its phases and drain state.
+	require.NoError(t, chromedp.Run(ctx,
+		chromedp.Click("#nav-versions", chromedp.ByID), chromedp.WaitVisible("#versions", chromedp.ByID)))
+	txt = pageText(t, ctx)
+	require.Contains(t, txt, "buy_label → confirm")
+	require.Contains(t, txt, "not drained")
+	shoot(t, ctx, "versions")
+
 	// A key's page: an escaped hostile error, shown, not obeyed.
 	require.NoError(t, chromedp.Run(ctx,
 		chromedp.Navigate(b.srv.URL+"/key?scope=erin&key=hostile-1"), chromedp.WaitVisible("#last-error", chromedp.ByID)))
@@ -144,6 +175,9 @@ func TestConsoleInABrowser(t *testing.T) {
 	// then resume runs the rest without buying the label again.
 	require.NoError(t, chromedp.Run(ctx,
 		chromedp.Navigate(u+"/key?scope=frank&key=unknown-1"), chromedp.WaitVisible("#resolve", chromedp.ByID)))
+	var downstream string
+	require.NoError(t, chromedp.Run(ctx, chromedp.Text("#downstream", &downstream, chromedp.ByID)))
+	require.Contains(t, downstream, "buy_label\t"+b.labelRef, "the reference the label service was sent")
 	shoot(t, ctx, "key")
 	require.NoError(t, chromedp.Run(ctx,
 		chromedp.SetValue("#happened", "true", chromedp.ByID),

@@ -183,14 +183,15 @@ func TestResumeForgetAndResolveFromTheKeyPage(t *testing.T) {
 		"both actions, newest first, with who and what")
 }
 
-// cookieToken reads the console's form token from the client's cookie jar.
+// cookieToken is the form token of the console's cookie in the client's
+// jar: what the console's pages put in their forms.
 func cookieToken(t *testing.T, b *testBundle) string {
 	t.Helper()
 	u, err := url.Parse(b.srv.URL + "/")
 	require.NoError(t, err)
 	for _, c := range b.client.Jar.Cookies(u) {
 		if c.Name == csrfCookie {
-			return c.Value
+			return b.handler.formToken(c.Value)
 		}
 	}
 	t.Fatal("the console set no token cookie")

@@ -1,6 +1,7 @@
 package apui
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"slices"
@@ -21,9 +22,22 @@ import (
 var filterFields = []string{"status", "workflow", "scope", "older", "error", "key"}
 
 // parseFilter reads a filter, reporting the first bad field in words an
-// operator can act on.
+// operator can act on. While error texts are redacted, no filter may
+// search them.
+func (h *Handler) parseFilter(v url.Values) (*atomicphase.KeyPageFilter, error) {
+	f, err := parseFilter(v, h.opts.PageSize)
+	if err == nil && f.ErrorContains != "" && h.errorsRedacted() {
+		return nil, errors.New("the error filter is off while the console redacts keys (Options.Redact): a guessed text would match what the redaction hides; rewrite error texts with the Runner's Config.RedactError to keep it")
+	}
+	return f, err
+}
+
+// parseFilter reads a filter with pageSize as the default limit.
 func parseFilter(v url.Values, pageSize int) (*atomicphase.KeyPageFilter, error) {
-	f := &atomicphase.KeyPageFilter{}
+	// Every list the console reads (pages, the API's, a bulk action's
+	// selection) is brief: what a row holds beyond what a list shows
+	// (states and bodies up to a megabyte each) is never read for it.
+	f := &atomicphase.KeyPageFilter{Brief: true}
 	f.Status = atomicphase.KeyStatus(strings.TrimSpace(v.Get("status")))
 	if f.Status != "" && !slices.Contains(atomicphase.KeyStatuses(), f.Status) {
 		return nil, fmt.Errorf("status %q is not a key status; use in_progress, stale, abandoned, unknown, parked or finished", f.Status)

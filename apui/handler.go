@@ -17,17 +17,17 @@
 // the levels read the unfinished keys (docs/console.md gives the index that
 // keeps that cheap on a table of millions).
 //
-// Every action is a POST: the pages' forms carry a token that must match a
-// cookie (double submit; a cross-site form cannot read the cookie), and the
-// JSON API accepts application/json bodies only (a cross-site page cannot
-// send one without a CORS preflight, which the handler never grants).
-// docs/console.md describes the pages and the API.
+// Every action is a POST, refused when the browser says it comes from
+// another origin (net/http's CrossOriginProtection) or, with
+// Options.AllowedHosts, when it names a host the console does not serve
+// (DNS rebinding); the pages' forms also carry a token bound to a cookie
+// under a secret of the handler, and the JSON API accepts application/json
+// bodies only. docs/console.md describes the pages, the API, and what the
+// console defends against.
 package apui
 
 import (
 	"crypto/rand"
-	"crypto/subtle"
-	"encoding/hex"
 	"errors"
 	"html/template"
 	"io/fs"
@@ -58,7 +58,16 @@ type Options struct {
 	Actor func(r *http.Request) string
 	// Redact is called on a copy of every key before it is shown or served:
 	// blank or rewrite what operators must not see (card numbers in the
-	// state, tokens in the stored response). Defaults to showing all.
+	// state, tokens in the stored response). Every error text the console
+	// shows goes through it too, as a KeyInfo's LastError: a key's own, and
+	// those of actions on a key (a resume that fails again, a bulk action's
+	// failures, an audit entry's), passed as a KeyInfo that holds only the
+	// key's scope and key besides. While it is set, the key list cannot be
+	// filtered by error text, which would let a guessed text match what it
+	// hides; rewrite error text with the Runner's Config.RedactError
+	// instead, which applies before the text is stored (the console applies
+	// it too), so that the filter stays and searches only what may be
+	// shown. Defaults to showing all.
 	Redact func(k *atomicphase.KeyInfo)
 	// PageSize is how many keys a page of the list shows. Defaults to 50.
 	PageSize int
@@ -66,6 +75,24 @@ type Options struct {
 	// selects more changes the oldest BulkLimit, and the dry run says so.
 	// Defaults to 1000.
 	BulkLimit int
+	// AllowedHosts are the hosts the console answers to, as a request's
+	// Host header names them: a name or an address, matching any port
+	// ("ops.example.com", "127.0.0.1", "::1"), or with a port matching that
+	// one only ("localhost:8081"). A request for another host is answered
+	// 421 Misdirected Request, and a POST whose Origin names another host
+	// is refused. This is the defence against DNS rebinding, where a page
+	// whose name its author points at the console's address is same-origin
+	// with it: set it wherever the console is reachable without
+	// credentials that the browser would have to send for the attacker's
+	// name (atomicphase ui sets it to its listen address and the loopback
+	// names). Defaults to nil: any host.
+	AllowedHosts []string
+	// FormSecret keys the tokens the pages' forms carry (an HMAC of a
+	// random cookie), so that a page that sets the cookie cannot know the
+	// token. Give every replica behind one load balancer the same secret,
+	// at least 32 bytes. Defaults to 32 random bytes drawn by NewHandler: a
+	// form is then valid in the process that served it.
+	FormSecret []byte
 }
 
 // Handler is the console: an http.Handler.
@@ -73,6 +100,14 @@ type Handler struct {
 	opts  Options
 	mux   *http.ServeMux
 	pages map[string]*template.Template
+	// hosts are Options.AllowedHosts (nil: any); secret keys the form
+	// tokens; crossOrigin refuses another origin's POSTs (guard.go).
+	hosts       *hostList
+	secret      []byte
+	crossOrigin *http.CrossOriginProtection
+	// samples are the levels this process read in the last hour, for the
+	// overview's chart (chart.go).
+	samples levelSamples
 }
 
 // NewHandler returns the console for opts.
@@ -94,8 +129,21 @@ func NewHandler(opts *Options) (*Handler, error) {
 	if o.BulkLimit <= 0 {
 		o.BulkLimit = 1000
 	}
-	h := &Handler{opts: o, mux: http.NewServeMux()}
-	if err := h.parseTemplates(); err != nil {
+	h := &Handler{opts: o, mux: http.NewServeMux(), crossOrigin: http.NewCrossOriginProtection()}
+	var err error
+	if h.hosts, err = newHostList(o.AllowedHosts); err != nil {
+		return nil, err
+	}
+	switch {
+	case len(o.FormSecret) == 0:
+		h.secret = make([]byte, 32)
+		_, _ = rand.Read(h.secret) // crypto/rand.Read never fails
+	case len(o.FormSecret) < 32:
+		return nil, errors.New("apui: Options.FormSecret is shorter than 32 bytes: draw 32 random bytes, or leave it empty for a secret of the process")
+	default:
+		h.secret = o.FormSecret
+	}
+	if err = h.parseTemplates(); err != nil {
 		return nil, err
 	}
 	static, err := fs.Sub(assets, "static")
@@ -107,6 +155,7 @@ func NewHandler(opts *Options) (*Handler, error) {
 	h.mux.HandleFunc("GET "+p+"/{$}", h.overview)
 	h.mux.HandleFunc("GET "+p+"/keys", h.keys)
 	h.mux.HandleFunc("GET "+p+"/key", h.key)
+	h.mux.HandleFunc("GET "+p+"/versions", h.versions)
 	h.mux.HandleFunc("POST "+p+"/key", h.keyAction)
 	h.mux.HandleFunc("POST "+p+"/bulk", h.bulk)
 	h.mux.HandleFunc("GET "+p+"/api/levels", h.apiLevels)
@@ -114,6 +163,7 @@ func NewHandler(opts *Options) (*Handler, error) {
 	h.mux.HandleFunc("GET "+p+"/api/key", h.apiKey)
 	h.mux.HandleFunc("GET "+p+"/api/lookup", h.apiLookup)
 	h.mux.HandleFunc("GET "+p+"/api/audit", h.apiAudit)
+	h.mux.HandleFunc("GET "+p+"/api/versions", h.apiVersions)
 	h.mux.HandleFunc("POST "+p+"/api/key/{action}", h.apiKeyAction)
 	h.mux.HandleFunc("POST "+p+"/api/bulk/{action}", h.apiBulk)
 	return h, nil
@@ -128,61 +178,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'")
 	w.Header().Set("Referrer-Policy", "no-referrer")
-	if r.Method == http.MethodPost {
-		if h.opts.ReadOnly {
-			http.Error(w, "the console is read-only", http.StatusForbidden)
-			return
-		}
-		// A browser says when a request comes from another site; such a
-		// POST is refused whatever it carries.
-		if r.Header.Get("Sec-Fetch-Site") == "cross-site" {
-			http.Error(w, "cross-site request refused", http.StatusForbidden)
-			return
-		}
+	if !h.guard(w, r) {
+		return
 	}
 	h.mux.ServeHTTP(w, r)
-}
-
-// csrfCookie is the cookie that holds the token the forms must carry.
-const csrfCookie = "apui_csrf"
-
-// csrfToken returns the request's token, setting a new cookie when it has
-// none.
-func (h *Handler) csrfToken(w http.ResponseWriter, r *http.Request) string {
-	if c, err := r.Cookie(csrfCookie); err == nil && len(c.Value) == 64 {
-		return c.Value
-	}
-	b := make([]byte, 32)
-	_, _ = rand.Read(b) // crypto/rand.Read never fails
-	tok := hex.EncodeToString(b)
-	path := h.opts.Prefix
-	if path == "" {
-		path = "/"
-	}
-	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: tok, Path: path, HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
-	return tok
-}
-
-// checkCSRF reports whether a form POST carries the token of its cookie.
-func checkCSRF(r *http.Request) bool {
-	c, err := r.Cookie(csrfCookie)
-	if err != nil || len(c.Value) != 64 {
-		return false
-	}
-	return subtle.ConstantTimeCompare([]byte(c.Value), []byte(r.PostFormValue("csrf"))) == 1
-}
-
-// redacted returns a copy of k passed through the redaction hook.
-func (h *Handler) redacted(k *atomicphase.KeyInfo) *atomicphase.KeyInfo {
-	c := *k
-	if k.Response != nil {
-		resp := *k.Response
-		resp.Header = k.Response.Header.Clone()
-		c.Response = &resp
-	}
-	if h.opts.Redact != nil {
-		h.opts.Redact(&c)
-	}
-	return &c
 }

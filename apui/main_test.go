@@ -42,6 +42,7 @@ type testBundle struct {
 	labels   *int   // calls the label downstream took
 	labelRef string // the downstream key the label call was sent with
 	opts     *Options
+	handler  *Handler
 	workflow map[string]*atomicphase.Workflow[state]
 }
 
@@ -125,6 +126,7 @@ func setup(t *testing.T, opts *Options) *testBundle {
 	b.opts = o
 	h, err := NewHandler(o)
 	require.NoError(t, err)
+	b.handler = h
 	b.srv = httptest.NewServer(h)
 	t.Cleanup(b.srv.Close)
 	jar, err := cookiejar.New(nil)
@@ -184,4 +186,11 @@ func (b *testBundle) exists(t *testing.T, scope, key string) bool {
 func text(body string) string {
 	s := regexp.MustCompile(`(?s)<[^>]*>`).ReplaceAllString(body, " ")
 	return strings.Join(strings.Fields(s), " ")
+}
+
+// newRecorder serves path with h and returns the body.
+func newRecorder(h http.Handler, path string) string {
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	return rec.Body.String()
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/atomicphase/atomicphase"
@@ -23,27 +24,30 @@ var statuses = atomicphase.KeyStatuses()
 // parseTemplates parses each page with the layout it shares.
 func (h *Handler) parseTemplates() error {
 	funcs := template.FuncMap{
-		"prefix":     func() string { return h.opts.Prefix },
-		"readOnly":   func() bool { return h.opts.ReadOnly },
-		"ago":        ago,
-		"when":       when,
-		"keyURL":     h.keyURL,
-		"escape":     escapeControl,
-		"errorLines": errorLines,
-		"showJSON":   showJSON,
-		"showBody":   showBody,
-		"hex":        func(b []byte) string { return fmt.Sprintf("%x", b) },
-		"statuses":   func() []atomicphase.KeyStatus { return statuses },
-		"listURL":    h.listURL,
-		"deref":      func(p *string) string { return derefString(p) },
-		"derefBool":  func(p *bool) bool { return p != nil && *p },
-		"unfinished": func(k *atomicphase.KeyInfo) bool { return k.Status != atomicphase.KeyFinished },
+		"prefix":         func() string { return h.opts.Prefix },
+		"readOnly":       func() bool { return h.opts.ReadOnly },
+		"errorFilter":    func() bool { return !h.errorsRedacted() },
+		"ago":            ago,
+		"when":           when,
+		"keyURL":         h.keyURL,
+		"escape":         escapeControl,
+		"errorLines":     errorLines,
+		"showJSON":       showJSON,
+		"showBody":       showBody,
+		"hex":            func(b []byte) string { return fmt.Sprintf("%x", b) },
+		"statuses":       func() []atomicphase.KeyStatus { return statuses },
+		"listURL":        h.listURL,
+		"half":           half,
+		"workflowFilter": func(w string) url.Values { return url.Values{"workflow": {w}} },
+		"deref":          func(p *string) string { return derefString(p) },
+		"derefBool":      func(p *bool) bool { return p != nil && *p },
+		"unfinished":     func(k *atomicphase.KeyInfo) bool { return k.Status != atomicphase.KeyFinished },
 		"forgettable": func(k *atomicphase.KeyInfo) bool {
 			return k.Status == atomicphase.KeyFinished || k.Status == atomicphase.KeyParked
 		},
 	}
 	h.pages = map[string]*template.Template{}
-	for _, page := range []string{"overview", "keys", "key", "bulk", "error"} {
+	for _, page := range []string{"overview", "keys", "key", "bulk", "versions", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return fmt.Errorf("apui: template %s: %w", page, err)
@@ -88,6 +92,9 @@ type overviewData struct {
 	Trouble        []*atomicphase.KeyInfo
 	Took           time.Duration
 	FinishedApprox int64
+	// Chart is the levels over the last hour, as this process sampled
+	// them; nil before it has two samples.
+	Chart *levelChart
 	// StatusLinks and WorkflowLinks filter the key list.
 	StatusLinks   map[atomicphase.KeyStatus]url.Values
 	WorkflowLinks map[string]url.Values
@@ -118,6 +125,8 @@ func (h *Handler) overviewData(r *http.Request) (*overviewData, error) {
 	if err != nil {
 		return nil, err
 	}
+	now := time.Now()
+	h.samples.add(sampleOf(now, levels))
 	d := &overviewData{Totals: map[atomicphase.KeyStatus]int64{}, StatusLinks: map[atomicphase.KeyStatus]url.Values{},
 		WorkflowLinks: map[string]url.Values{}}
 	for _, s := range statuses {
@@ -162,6 +171,7 @@ func (h *Handler) overviewData(r *http.Request) (*overviewData, error) {
 	for _, k := range trouble {
 		d.Trouble = append(d.Trouble, h.redacted(k))
 	}
+	d.Chart = chartOf(h.samples.since(now), now)
 	return d, nil
 }
 
@@ -176,7 +186,7 @@ type keysData struct {
 }
 
 func (h *Handler) keys(w http.ResponseWriter, r *http.Request) {
-	f, err := parseFilter(r.URL.Query(), h.opts.PageSize)
+	f, err := h.parseFilter(r.URL.Query())
 	if err != nil {
 		h.fail(w, r, http.StatusBadRequest, err)
 		return
@@ -219,8 +229,10 @@ type keyData struct {
 	// Registered is false when this process does not know the key's
 	// workflow: its phases cannot be listed, and resume only schedules it.
 	Registered bool
-	// Audit is the key's audit trail, newest first.
-	Audit []*atomicphase.AuditEntry
+	// Audit is a page of the key's audit trail, newest first, and
+	// OlderURL the link to the next (older) page, if any.
+	Audit    []*atomicphase.AuditEntry
+	OlderURL string
 }
 
 // phaseMark is a phase on a key's page: done (committed), next (where the
@@ -249,16 +261,27 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) {
 	}
 	d := &keyData{Key: h.redacted(k)}
 	d.Phases, d.Registered = h.phaseMarks(k)
-	if d.Audit, err = h.opts.Runner.AuditTrail(r.Context(), scope, key, 0); err != nil {
+	before, _, err := auditPaging(r.URL.Query())
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, err)
+		return
+	}
+	var next *int64
+	if d.Audit, next, err = h.auditPage(r.Context(), scope, key, before, auditPageSize); err != nil {
 		h.fail(w, r, http.StatusInternalServerError, err)
 		return
+	}
+	if next != nil {
+		d.OlderURL = h.keyURL(scope, key) + "&" + url.Values{"before": {strconv.FormatInt(*next, 10)}}.Encode() + "#audit"
 	}
 	h.render(w, r, http.StatusOK, "key", &page{Title: "Key " + escapeControl(key), Data: d, Notice: notice(r)})
 }
 
-// phaseMarks marks the key's workflow's phases against its recovery point.
+// phaseMarks marks the phases of the key's own version of its workflow
+// (each key resumes under the definition it started under) against its
+// recovery point.
 func (h *Handler) phaseMarks(k *atomicphase.KeyInfo) ([]phaseMark, bool) {
-	names, ok := h.opts.Runner.WorkflowPhases(k.Workflow)
+	names, ok := h.opts.Runner.WorkflowVersionPhases(k.Workflow, k.WorkflowVersion)
 	if !ok {
 		return nil, false
 	}

@@ -24,7 +24,6 @@ import (
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/internal/keystore"
-	"github.com/atomicphase/atomicphase/internal/pgtemp"
 )
 
 // CitusURLEnv is the environment variable that switches the harness to
@@ -98,7 +97,7 @@ func connectCitus(ctx context.Context, coordURL string) (*citusCluster, error) {
 	c := &citusCluster{url: coordURL, admins: []*pgxpool.Pool{admin}}
 	fail := func(err error) (*citusCluster, error) {
 		c.close()
-		return nil, fmt.Errorf("atomicphasetest: %s=%s: %w", CitusURLEnv, pgtemp.Redact(coordURL), err)
+		return nil, fmt.Errorf("atomicphasetest: %s=%s: %w", CitusURLEnv, connstr.Display(coordURL), err)
 	}
 	var version string
 	if err := admin.QueryRow(ctx, "SELECT extversion FROM pg_extension WHERE extname = 'citus'").Scan(&version); err != nil {

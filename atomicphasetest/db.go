@@ -143,7 +143,7 @@ func server(ctx context.Context) (*Server, *pgxpool.Pool, error) {
 		admin, err := newPool(ctx, srv.URL)
 		if err != nil {
 			_ = srv.Stop()
-			return nil, nil, fmt.Errorf("atomicphasetest: connect to %s: %w", pgtemp.Redact(srv.URL), err)
+			return nil, nil, fmt.Errorf("atomicphasetest: connect to %s: %w", connstr.Display(srv.URL), err)
 		}
 		shared.srv, shared.admin, shared.templates = srv, admin, map[string]bool{}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/atomicphase/atomicphase/internal/connstr"
 	"github.com/atomicphase/atomicphase/internal/pgtemp"
 )
 
@@ -43,13 +44,13 @@ func StartServer(ctx context.Context, logf func(format string, args ...any)) (*S
 	var reasons []string
 	local, err := pgtemp.Start(ctx)
 	if err == nil {
-		logf("started a throwaway PostgreSQL from %s at %s", local.Bin, pgtemp.Redact(local.URL))
+		logf("started a throwaway PostgreSQL from %s at %s", local.Bin, connstr.Display(local.URL))
 		return &Server{URL: local.URL, Kind: "local", stop: local.Stop}, nil
 	}
 	reasons = append(reasons, "local binaries: "+err.Error())
 	srv, err := startDocker(ctx)
 	if err == nil {
-		logf("started a throwaway PostgreSQL in Docker at %s", pgtemp.Redact(srv.URL))
+		logf("started a throwaway PostgreSQL in Docker at %s", connstr.Display(srv.URL))
 		return srv, nil
 	}
 	reasons = append(reasons, "docker: "+err.Error())
@@ -83,5 +84,5 @@ func withDatabase(url, name string) (string, error) {
 	if strings.Contains(url, "=") || url == "" {
 		return strings.TrimSpace(url + " dbname=" + name), nil
 	}
-	return "", fmt.Errorf("atomicphasetest: cannot make a connection string for database %q from %q", name, pgtemp.Redact(url))
+	return "", fmt.Errorf("atomicphasetest: cannot make a connection string for database %q from %q", name, connstr.Display(url))
 }

@@ -17,8 +17,9 @@ import (
 
 func (c *cli) inspectCmd() *cobra.Command {
 	var asJSON bool
+	var phases []string
 	cmd := &cobra.Command{
-		Use:   "inspect SCOPE KEY",
+		Use:   "inspect SCOPE KEY [--phase P]...",
 		Short: "Show everything stored for one key",
 		Long: strings.TrimSpace(`
 Show everything stored for one key, without locking or changing it: its
@@ -26,16 +27,23 @@ status, recovery point, lock, attempts, last error (whole), backoff, parked
 mark, timestamps, state as stored, and the stored response once finished.
 
 The response body is shown as text when it is UTF-8, and as base64 otherwise
-(--json says which in body_encoding).`),
+(--json says which in body_encoding).
+
+With --phase, it shows the downstream key (ForeignCall.Key) each foreign
+phase named sends: the reference a downstream knows the call by, which a
+partner asks for first. The CLI does not have your workflows' code, so it
+cannot tell which phases are foreign: name them (by their oldest name, for
+a renamed phase). A console mounted in your service shows them all.`),
 		Example: examples(
 			`atomicphase inspect user_42 4f1c9a7e-checkout`,
 			`atomicphase inspect user_42 4f1c9a7e-checkout --json | jq .state`,
+			`atomicphase inspect user_42 4f1c9a7e-checkout --phase charge`,
 		),
 		Args: keyArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			scope, key := args[0], args[1]
 			return c.withRunner(cmd.Context(), func(r *atomicphase.Runner) error {
-				info, err := r.Inspect(cmd.Context(), scope, key)
+				info, err := r.InspectWithPhases(cmd.Context(), scope, key, phases...)
 				if errors.Is(err, atomicphase.ErrKeyNotFound) {
 					return keyNotFound(scope, key)
 				}
@@ -60,6 +68,7 @@ The response body is shown as text when it is UTF-8, and as base64 otherwise
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of text")
+	cmd.Flags().StringArrayVar(&phases, "phase", nil, "a foreign phase whose downstream key to show (repeat for several)")
 	return cmd
 }
 
@@ -71,6 +80,9 @@ func writeKeyDetail(w io.Writer, k *atomicphase.KeyInfo) error {
 	field("scope", cell(k.Scope))
 	field("key", cell(k.Key))
 	field("workflow", cell(k.Workflow))
+	if k.WorkflowVersion != "" {
+		field("workflow version", cell(k.WorkflowVersion))
+	}
 	field("status", string(k.Status))
 	field("recovery point", cell(k.RecoveryPoint))
 	lock := "no"
@@ -122,6 +134,14 @@ func writeKeyDetail(w io.Writer, k *atomicphase.KeyInfo) error {
 			note = oneLine(terminalSafe(*k.ResolvedNote))
 		}
 		field("resolved by hand", fmt.Sprintf("%s at %s: %s", verdict, timePtrCell(k.ResolvedAt), note))
+	}
+	phases := make([]string, 0, len(k.DownstreamKeys))
+	for p := range k.DownstreamKeys {
+		phases = append(phases, p)
+	}
+	slices.Sort(phases)
+	for _, p := range phases {
+		field("downstream key ("+cell(p)+")", k.DownstreamKeys[p])
 	}
 	field("created at", timeCell(k.CreatedAt))
 	field("updated at", timeCell(k.UpdatedAt))

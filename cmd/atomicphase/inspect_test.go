@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"regexp"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -144,4 +145,32 @@ func TestInspectShowsAPanicsStackAndEscapesControlCharacters(t *testing.T) {
 	require.Contains(t, res.stdout, "last error (whole):\n")
 	require.Regexp(t, `(?m)^  goroutine \d+ \[running\]:$`, res.stdout, "the stack, a line at a time")
 	require.Contains(t, res.stdout, `\x1b[2J`)
+}
+
+// The downstream key a foreign phase sent, which a partner asks for first:
+// the CLI has no workflow code, so it shows that of each phase named, the
+// reference the downstream was sent, in text and JSON.
+func TestInspectShowsTheDownstreamKeysOfNamedPhases(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var sent []string
+	b.refs.Range(func(k, _ any) bool { sent = append(sent, k.(string)); return true })
+	require.NotEmpty(t, sent)
+
+	res := b.run(t, "inspect", "carol", "running-1", "--phase", "label")
+	require.Equal(t, 0, res.code, res.stderr)
+	m := regexp.MustCompile(`(?m)^downstream key \(label\): +(\S+)$`).FindStringSubmatch(res.stdout)
+	require.NotNil(t, m, res.stdout)
+	require.Contains(t, sent, m[1], "the reference the label call was sent with")
+
+	res = b.run(t, "inspect", "carol", "running-1", "--phase", "label", "--json")
+	require.Equal(t, 0, res.code, res.stderr)
+	var d struct {
+		DownstreamKeys map[string]string `json:"downstream_keys"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &d))
+	require.Equal(t, m[1], d.DownstreamKeys["label"])
+
+	res = b.run(t, "inspect", "carol", "running-1")
+	require.NotContains(t, res.stdout, "downstream key", "no phase named, none known here")
 }

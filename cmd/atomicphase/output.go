@@ -39,8 +39,14 @@ type keySummary struct {
 // rest of what Inspect returns.
 type keyDetail struct {
 	keySummary
-	LockToken     int64    `json:"lock_token"`
-	LockExpiresIn *float64 `json:"lock_expires_in_seconds"`
+	// WorkflowVersion is the version the key started under ("" before
+	// versions were recorded).
+	WorkflowVersion string `json:"workflow_version"`
+	// DownstreamKeys are the downstream keys of the phases named with
+	// --phase, by phase; null when none was.
+	DownstreamKeys map[string]string `json:"downstream_keys"`
+	LockToken      int64             `json:"lock_token"`
+	LockExpiresIn  *float64          `json:"lock_expires_in_seconds"`
 	// Unsettled says the key may have paid (forget refuses it); CalledAt
 	// and DownstreamSalt say since when and what its references derive
 	// from.
@@ -72,7 +78,8 @@ func summarize(k *atomicphase.KeyInfo) keySummary {
 }
 
 func detail(k *atomicphase.KeyInfo) keyDetail {
-	d := keyDetail{keySummary: summarize(k), LockToken: k.LockToken, LockExpiresIn: k.LockExpiresIn,
+	d := keyDetail{keySummary: summarize(k), WorkflowVersion: k.WorkflowVersion, DownstreamKeys: k.DownstreamKeys,
+		LockToken: k.LockToken, LockExpiresIn: k.LockExpiresIn,
 		Unsettled: k.Unsettled, CalledAt: utcPtr(k.CalledAt), DownstreamSalt: k.DownstreamSalt}
 	switch {
 	case k.State == nil:

@@ -18,11 +18,16 @@ import (
 
 // uiFlags are the ui command's options.
 type uiFlags struct {
-	listen    string
-	token     string
-	basicAuth string
-	readOnly  bool
+	listen       string
+	token        string
+	basicAuth    string
+	readOnly     bool
+	allowedHosts []string
 }
+
+// minSecret is the shortest token or password the console accepts: a
+// secret a browser keeps, guessed over HTTP, must not be a word.
+const minSecret = 16
 
 func (c *cli) uiCmd() *cobra.Command {
 	var f uiFlags
@@ -39,9 +44,17 @@ It listens on the loopback interface unless told otherwise, and refuses
 another address without --token or --basic-auth. With --token, requests
 must carry "Authorization: Bearer TOKEN" (scripts) or basic auth with the
 token as password (a browser asks for it); with --basic-auth USER:PASSWORD,
-that user and password. --read-only hides the actions and refuses every
-change. The token and password may come from ATOMICPHASE_UI_TOKEN and
-ATOMICPHASE_UI_BASIC_AUTH instead, to keep them off the command line.
+that user and password. Tokens and passwords are at least 16 characters.
+--read-only hides the actions and refuses every change. The token and
+password may come from ATOMICPHASE_UI_TOKEN and ATOMICPHASE_UI_BASIC_AUTH
+instead, to keep them off the command line.
+
+It answers only requests for its listen address and the loopback names
+(localhost, 127.0.0.1, ::1), and for the hosts --allowed-host names: any
+other Host is answered 421, so that a web page whose name is pointed at
+this address (DNS rebinding) cannot read or act through your browser. A
+listen address of every interface (":8081") answers to each interface's
+address; give the machine's names with --allowed-host.
 
 The CLI does not have your workflows' code: "resume" here schedules a key
 for the sweep of a process that registered its workflow. Mount the console
@@ -50,14 +63,20 @@ in that process (apui.NewHandler) to resume keys at once.`),
 			`atomicphase ui`,
 			`ATOMICPHASE_UI_TOKEN=s3cret atomicphase ui --listen :8081`,
 			`atomicphase ui --read-only`,
+			`ATOMICPHASE_UI_TOKEN=$(openssl rand -hex 16) atomicphase ui --listen :8081 --allowed-host ops-1.internal`,
 		),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if f.token == "" {
+			if !cmd.Flags().Changed("token") {
 				f.token = c.getenv("ATOMICPHASE_UI_TOKEN")
 			}
-			if f.basicAuth == "" {
+			if !cmd.Flags().Changed("basic-auth") {
 				f.basicAuth = c.getenv("ATOMICPHASE_UI_BASIC_AUTH")
+			}
+			// A secret given as blanks (a quoted space, a variable set to
+			// one) is a mistake, not a request for an open console.
+			if f.token != "" && strings.TrimSpace(f.token) == "" {
+				return usageErrorf("--token (or ATOMICPHASE_UI_TOKEN) is blank; give at least %d characters", minSecret)
 			}
 			return c.serveUI(cmd.Context(), &f)
 		},
@@ -67,17 +86,27 @@ in that process (apui.NewHandler) to resume keys at once.`),
 	fl.StringVar(&f.token, "token", "", "require this bearer token (or basic auth with it as password); default $ATOMICPHASE_UI_TOKEN")
 	fl.StringVar(&f.basicAuth, "basic-auth", "", "require basic auth as USER:PASSWORD; default $ATOMICPHASE_UI_BASIC_AUTH")
 	fl.BoolVar(&f.readOnly, "read-only", false, "show keys, refuse every action")
+	fl.StringArrayVar(&f.allowedHosts, "allowed-host", nil, "a host name (or host:port) the console also answers to, besides its listen address and the loopback names; repeat for more")
 	return cmd
 }
 
 // serveUI serves the console until ctx ends.
 func (c *cli) serveUI(ctx context.Context, f *uiFlags) error {
 	var user, password string
+	// A secret of blanks (a quoted space, a variable set to one) is no
+	// secret: it is trimmed, and then must be long enough.
+	f.token, f.basicAuth = strings.TrimSpace(f.token), strings.TrimSpace(f.basicAuth)
+	if f.token != "" && len(f.token) < minSecret {
+		return usageErrorf("--token is %d characters; give at least %d (openssl rand -hex 16 makes one)", len(f.token), minSecret)
+	}
 	if f.basicAuth != "" {
 		var ok bool
 		user, password, ok = strings.Cut(f.basicAuth, ":")
-		if !ok || user == "" || password == "" {
+		if !ok || strings.TrimSpace(user) == "" || strings.TrimSpace(password) == "" {
 			return usageErrorf("--basic-auth takes USER:PASSWORD, both non-empty")
+		}
+		if len(password) < minSecret {
+			return usageErrorf("--basic-auth's password is %d characters; give at least %d", len(password), minSecret)
 		}
 	}
 	if f.token != "" && f.basicAuth != "" {
@@ -91,7 +120,8 @@ func (c *cli) serveUI(ctx context.Context, f *uiFlags) error {
 		return usageErrorf("--listen %q is not a loopback address: give --token or --basic-auth, so that the console is not open to the network", f.listen)
 	}
 	return c.withRunner(ctx, func(r *atomicphase.Runner) error {
-		h, err := apui.NewHandler(&apui.Options{Runner: r, ReadOnly: f.readOnly, Actor: actor(user, f.token)})
+		h, err := apui.NewHandler(&apui.Options{Runner: r, ReadOnly: f.readOnly, Actor: actor(user, f.token),
+			AllowedHosts: allowedHosts(host, f.allowedHosts)})
 		if err != nil {
 			return err
 		}
@@ -99,6 +129,11 @@ func (c *cli) serveUI(ctx context.Context, f *uiFlags) error {
 		if err != nil {
 			return err
 		}
+		// The overview's chart of the last hour: the levels, sampled.
+		sctx, stopSampling := context.WithCancel(ctx)
+		sampled := make(chan struct{})
+		go func() { defer close(sampled); h.SampleLevels(sctx, 30*time.Second) }()
+		defer func() { stopSampling(); <-sampled }()
 		srv := &http.Server{Handler: authenticate(h, f.token, user, password), ReadHeaderTimeout: 10 * time.Second}
 		mode := ""
 		if f.readOnly {
@@ -124,21 +159,38 @@ func (c *cli) serveUI(ctx context.Context, f *uiFlags) error {
 	})
 }
 
-// actor names who acts, for the verdicts' notes: the basic-auth user, or
-// the token's holder, or the local operator.
+// actor names who acts, for the audit trail and the verdicts' notes: who
+// authenticated, never who a request says it is. With --basic-auth that is
+// its user; with --token, whoever holds the token (a browser's basic-auth
+// user name is not checked, so it names no one); with neither, the local
+// operator.
 func actor(user, token string) func(*http.Request) string {
-	return func(r *http.Request) string {
-		switch {
-		case user != "":
-			return user
-		case token != "":
-			if u, _, ok := r.BasicAuth(); ok && u != "" {
-				return u
-			}
-			return "token"
-		}
-		return "local"
+	who := "local"
+	switch {
+	case user != "":
+		who = user
+	case token != "":
+		who = "token"
 	}
+	return func(*http.Request) string { return who }
+}
+
+// allowedHosts are the hosts the console answers to: the loopback names,
+// the listen address (each interface's address when it is every
+// interface's), and the operator's own.
+func allowedHosts(listenHost string, extra []string) []string {
+	hosts := []string{"localhost", "127.0.0.1", "::1"}
+	if ip := net.ParseIP(listenHost); listenHost != "" && (ip == nil || !ip.IsUnspecified()) {
+		return append(append(hosts, listenHost), extra...)
+	}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok {
+				hosts = append(hosts, n.IP.String())
+			}
+		}
+	}
+	return append(hosts, extra...)
 }
 
 // authenticate lets through the requests that carry the token or the

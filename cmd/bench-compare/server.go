@@ -52,7 +52,7 @@ type database struct {
 func openServer(ctx context.Context, out io.Writer, maxConns int, pgss bool, cores string) (url string, cpu func() time.Duration, stop func(), err error) {
 	if u := os.Getenv("DATABASE_URL"); u != "" {
 		fmt.Fprintf(out, "WARNING: DATABASE_URL is set: measuring on %s with the server's own settings (below),\n"+
-			"         not the durable settings bench-compare starts its own server with.\n", pgtemp.Redact(u))
+			"         not the durable settings bench-compare starts its own server with.\n", connstr.Display(u))
 		if cores != "" {
 			return "", nil, nil, errors.New("-server-cores applies to the server bench-compare starts, and DATABASE_URL is set")
 		}
@@ -160,9 +160,15 @@ func fsType(dir string) string {
 // with the atomicphase schema (atomicphase.Migrate) and the bench's tables,
 // and pg_stat_statements when pgss.
 func createDatabase(ctx context.Context, url string, pgss bool) (*database, error) {
-	conn, err := pgx.Connect(ctx, url)
+	// Parsed here, so that no error quotes the string: pgx's parse error
+	// does, and masks a password only where it recognises one.
+	ccfg, err := connstr.Parse(url)
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", pgtemp.Redact(url), err)
+		return nil, fmt.Errorf("the connection string %s: %w", connstr.Display(url), err)
+	}
+	conn, err := pgx.ConnectConfig(ctx, ccfg.ConnConfig)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", connstr.Display(url), err)
 	}
 	defer conn.Close(ctx)
 	name := fmt.Sprintf("atomicphase_bench_%d", time.Now().UnixNano())

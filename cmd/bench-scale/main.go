@@ -134,10 +134,18 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench-scale:", err)
 		os.Exit(2)
 	}
+	// SIGINT and SIGTERM end the run: every request and statement under
+	// ctx stops, and each configuration's servers are stopped and their
+	// data directories removed on the way out.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err = run(ctx, o, os.Stdout)
+	interrupted := ctx.Err() != nil
 	stop()
-	if err != nil {
+	switch {
+	case interrupted:
+		fmt.Fprintln(os.Stderr, "\nbench-scale: interrupted: stopped the servers it started; no result")
+		os.Exit(130)
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "\nbench-scale: FAILED:", err)
 		os.Exit(1)
 	}

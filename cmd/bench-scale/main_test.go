@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -64,4 +65,90 @@ func TestRunMeasuresAndVerifies(t *testing.T) {
 	if len(workers) > 1 {
 		require.Contains(t, out.String(), "| Citus, 1 worker, → tenant's worker |")
 	}
+}
+
+// A run interrupted (SIGINT or SIGTERM cancel its context) in the middle
+// of a measurement ends, with its servers stopped and their data
+// directories gone. Not parallel: it sets TMPDIR, where the durable
+// servers keep their data, to find them.
+func TestRunStopsAndCleansUpWhenInterrupted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a durable server")
+	}
+	if _, err := pgtemp.FindBinaries(); errors.Is(err, pgtemp.ErrNoBinaries) {
+		t.Skip("no PostgreSQL binaries")
+	}
+	// A directory the server's OS user can reach (run as root, it runs as
+	// postgres), which t.TempDir's parent is not.
+	tmp, err := os.MkdirTemp("", "bench-scale-interrupt-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(tmp) })
+	require.NoError(t, os.Chmod(tmp, 0o777))
+	t.Setenv("TMPDIR", tmp)
+	o := &options{workers: []int{0}, modes: []string{"coordinator"}, clients: 2, tenants: 20, shards: 4,
+		duration: time.Hour, warmup: 100 * time.Millisecond, rounds: 1}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := &lockedBuffer{}
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, o, out) }()
+	deadline := time.After(2 * time.Minute) // a bound on a hung start, not a timing
+	for !strings.Contains(out.String(), "plain PostgreSQL: 1 server") {
+		select {
+		case err := <-done:
+			t.Fatalf("the run ended before it was interrupted: %v\n%s", err, out.String())
+		case <-deadline:
+			t.Fatalf("the run never reached its first measurement:\n%s", out.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	require.NotEmpty(t, serversIn(t, tmp), "a server runs from the test's TMPDIR")
+	cancel()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the run did not end after its context was cancelled")
+	}
+	var left []os.DirEntry
+	require.Eventually(t, func() bool { return len(serversIn(t, tmp)) == 0 }, time.Minute, 50*time.Millisecond,
+		"no server is left running")
+	left, err = os.ReadDir(tmp)
+	require.NoError(t, err)
+	for _, e := range left {
+		require.False(t, strings.HasPrefix(e.Name(), "atomicphase"), "data directory %s removed", e.Name())
+	}
+}
+
+// serversIn lists the processes whose command line names dir.
+func serversIn(t *testing.T, dir string) []string {
+	t.Helper()
+	procs, err := filepath.Glob("/proc/[0-9]*/cmdline")
+	require.NoError(t, err)
+	var out []string
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err == nil && strings.Contains(string(b), dir) && strings.Contains(string(b), "postgres") {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// lockedBuffer is a buffer run writes while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

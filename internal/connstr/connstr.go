@@ -7,6 +7,7 @@ package connstr
 
 import (
 	"errors"
+	"regexp"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -81,4 +82,33 @@ var keywords = map[string]bool{
 	"pool_health_check_period": true, "pool_max_conn_lifetime_jitter": true,
 	"disable": true, "allow": true, "prefer": true, "require": true, "verify-ca": true, "verify-full": true,
 	"localhost": true,
+}
+
+// secretKeyValue matches a password parameter of a key=value string and
+// its value ('quoted', with \' and \\ inside, or a bare word); secretQuery
+// one of a URL's query.
+var (
+	secretKeyValue = regexp.MustCompile(`(?i)\b((?:ssl)?password)(\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']+)`)
+	secretQuery    = regexp.MustCompile(`(?i)([?&](?:ssl)?password=)[^&#]*`)
+)
+
+// Display returns the connection string s for a log line or a message:
+// whole, but for its passwords (a URL's user:password@, its ?password= and
+// ?sslpassword=, a key=value string's password= and sslpassword=), each
+// written as ***.
+func Display(s string) string {
+	if i := strings.Index(s, "://"); i >= 0 {
+		rest := s[i+3:]
+		end := strings.IndexAny(rest, "/?#")
+		if end < 0 {
+			end = len(rest)
+		}
+		if at := strings.LastIndex(rest[:end], "@"); at >= 0 {
+			if user, _, ok := strings.Cut(rest[:at], ":"); ok {
+				rest = user + ":***" + rest[at:]
+			}
+		}
+		return secretQuery.ReplaceAllString(s[:i+3]+rest, "${1}***")
+	}
+	return secretKeyValue.ReplaceAllString(s, "${1}${2}***")
 }

@@ -43,3 +43,26 @@ func TestParseValid(t *testing.T) {
 	require.Equal(t, "pw", cfg.ConnConfig.Password)
 	require.NoError(t, connstr.Redact(nil, "x"))
 }
+
+// Display hides every password a connection string can hold, and nothing
+// else.
+func TestDisplayHidesPasswords(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"postgres://ana:s3cret@db.internal:5432/app?sslmode=require":            "postgres://ana:***@db.internal:5432/app?sslmode=require",
+		"postgres://ana@db.internal/app?password=s3cret&sslmode=disable":        "postgres://ana@db.internal/app?password=***&sslmode=disable",
+		"postgresql://db/app?sslmode=verify-full&sslpassword=k3y&PASSWORD=s3cr": "postgresql://db/app?sslmode=verify-full&sslpassword=***&PASSWORD=***",
+		"postgres://ana:p@ss@db/app":                                            "postgres://ana:***@db/app",
+		"host=db user=ana password=s3cret dbname=app":                           "host=db user=ana password=*** dbname=app",
+		"host=db password = 's3 cr\\'et' dbname=app":                            "host=db password = *** dbname=app",
+		"host=db sslpassword=k3y Password=s3cret":                               "host=db sslpassword=*** Password=***",
+		"postgres://ana@db/app":                                                 "postgres://ana@db/app",
+		"host=db user=ana":                                                      "host=db user=ana",
+	} {
+		got := connstr.Display(in)
+		require.Equal(t, want, got, in)
+		for _, secret := range []string{"s3cret", "s3 cr", "k3y", "s3cr", "p@ss"} {
+			require.NotContains(t, got, secret, in)
+		}
+	}
+}

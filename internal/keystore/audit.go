@@ -13,6 +13,7 @@ import (
 
 // AuditEntry is one row of the audit trail.
 type AuditEntry struct {
+	ID     int64
 	Scope  string
 	Key    string
 	At     time.Time
@@ -37,16 +38,30 @@ func (s *Store) RecordAudit(ctx context.Context, db DB, e *AuditEntry) error {
 	return err
 }
 
-const auditTrailSQL = `SELECT scope, idempotency_key AS key, at, actor, action, note, detail
+const auditTrailSQL = `SELECT id, scope, idempotency_key AS key, at, actor, action, note, detail
 FROM /* TEMPLATE: schema */atomicphase_audit
-WHERE scope = $1::text AND idempotency_key = $2::text
+WHERE scope = $1::text AND idempotency_key = $2::text AND ($4::bigint = 0 OR id < $4::bigint)
 ORDER BY id DESC
 LIMIT $3::integer`
 
 // AuditTrail reads a key's audit trail, newest first (by the primary key's
-// index, backwards), at most limit entries.
-func (s *Store) AuditTrail(ctx context.Context, db DB, scope, key string, limit int) ([]*AuditEntry, error) {
+// index, backwards), at most limit entries, older than the entry before
+// when it is not 0.
+func (s *Store) AuditTrail(ctx context.Context, db DB, scope, key string, before int64, limit int) ([]*AuditEntry, error) {
 	var rows []*AuditEntry
-	err := pgxscan.Select(ctx, db, &rows, s.sql.auditTrail, scope, key, limit)
+	err := pgxscan.Select(ctx, db, &rows, s.sql.auditTrail, scope, key, limit, before)
 	return rows, err
+}
+
+// reapAuditSQL deletes the audit entries older than $1 µs. The trail has
+// no index on its time (a table read by key): the sweep runs it seldom
+// (atomicphase.auditReapEvery).
+const reapAuditSQL = `DELETE FROM /* TEMPLATE: schema */atomicphase_audit
+WHERE at < now() - $1::bigint * interval '1 microsecond'`
+
+// ReapAudit deletes the audit entries older than olderThan and returns how
+// many it deleted.
+func (s *Store) ReapAudit(ctx context.Context, db DB, olderThan time.Duration) (int, error) {
+	tag, err := db.Exec(ctx, Render(reapAuditSQL, s.schema), olderThan.Microseconds())
+	return int(tag.RowsAffected()), err
 }

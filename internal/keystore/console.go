@@ -54,8 +54,9 @@ func (s *Store) Estimate(ctx context.Context, db DB) (int64, error) {
 }
 
 // recentTroubleSQL lists the unfinished keys most recently parked or left
-// with an unknown outcome, newest first.
-const recentTroubleSQL = `SELECT ` + infoColumns + `
+// with an unknown outcome, newest first, as a list shows them
+// (pageColumns).
+const recentTroubleSQL = `SELECT ` + briefColumns + `
 FROM /* TEMPLATE: schema */idempotency_keys
 WHERE response_status IS NULL AND (parked_at IS NOT NULL OR unknown_at IS NOT NULL)
   AND ($1::text = '' OR workflow = $1::text) AND ($2::text = '' OR scope = $2::text)
@@ -87,6 +88,8 @@ type PageFilter struct {
 	Key string
 	// After starts the page after this key; nil for the first page.
 	After *Cursor
+	// Brief reads the keys as a list shows them (pageColumns).
+	Brief bool
 }
 
 // pageWhere is the page's condition, shared by its two forms.
@@ -99,8 +102,8 @@ const pageWhere = `
 
 // pageSQL lists a page of keys of any status in the order (created_at,
 // scope, key), after a cursor: each page is a range scan of the index on
-// created_at, however deep it is.
-const pageSQL = `SELECT * FROM (SELECT ` + infoColumns + `
+// created_at, however deep it is. $12 reads them brief (pageColumns).
+const pageSQL = `SELECT * FROM (SELECT ` + pageColumns + `
     FROM /* TEMPLATE: schema */idempotency_keys` + pageWhere + `
     ORDER BY created_at, scope, idempotency_key) AS k
 WHERE ($5::text = '' OR k.status = $5::text)
@@ -110,7 +113,7 @@ LIMIT $6::integer`
 // pageUnfinishedSQL is pageSQL for an unfinished status: the literal
 // response_status IS NULL lets the planner use what it knows of the
 // unfinished keys (the partial indexes on them, their share of the table).
-const pageUnfinishedSQL = `SELECT * FROM (SELECT ` + infoColumns + `
+const pageUnfinishedSQL = `SELECT * FROM (SELECT ` + pageColumns + `
     FROM /* TEMPLATE: schema */idempotency_keys` + pageWhere + `
       AND response_status IS NULL
     ORDER BY created_at, scope, idempotency_key) AS k
@@ -133,7 +136,7 @@ func (s *Store) Page(ctx context.Context, db DB, f *PageFilter) ([]*Info, error)
 	var rows []*Info
 	err := pgxscan.Select(ctx, db, &rows, sql,
 		f.Workflow, f.Scope, s.lockTimeoutUS, max(f.OlderThan, 0).Microseconds(), f.Status, f.Limit,
-		f.ErrorContains, f.Key, at, afterScope, afterKey)
+		f.ErrorContains, f.Key, at, afterScope, afterKey, f.Brief)
 	return rows, err
 }
 

@@ -13,6 +13,7 @@ type Info struct {
 	Scope            string
 	Key              string
 	Workflow         string
+	WorkflowVersion  *string // nil on keys older than versions
 	RecoveryPoint    string
 	RequestMethod    string
 	RequestPath      string
@@ -88,13 +89,42 @@ const statusSQL = `CASE
 const unsettledSQL = `(response_status IS NULL AND (unknown_at IS NOT NULL OR called_at IS NOT NULL OR coalesce(call_until >= now(), false)))`
 
 // infoColumns are the columns an Info is scanned from.
-const infoColumns = `scope, idempotency_key AS key, workflow, recovery_point,
+const infoColumns = `scope, idempotency_key AS key, workflow, workflow_version, recovery_point,
        request_method, request_path, fingerprint,
        ` + statusSQL + ` AS status,
        locked_at IS NOT NULL AS locked, lock_token, state, attempts, last_error,
        next_attempt_at, parked_at, unknown_at, ` + unsettledSQL + ` AS unsettled, call_until, called_at, coalesce(downstream_salt::text, '') AS downstream_salt, resolved_happened, resolved_note, resolved_at, resolved_result,
        extract(epoch FROM /* TEMPLATE: schema */atomicphase_lock_expires(locked_at, lease_us, call_until, $3, now()) - now())::float8 AS lock_expires_in,
        response_status AS status_code, response_header AS header, response_body AS body,
+       created_at, updated_at, finished_at`
+
+// pageColumns are infoColumns as a page of keys reads them: when $12 is
+// true (brief), the columns no list shows and a client can make large
+// (the state, the stored response's header and body, the request's path,
+// the verdict's note and result) are read as empty. The last error is
+// bounded where it is written (MaxLastError). A brief page then takes
+// memory that follows its length, not what the keys' rows hold.
+const pageColumns = `scope, idempotency_key AS key, workflow, workflow_version, recovery_point,
+       request_method, CASE WHEN $12::boolean THEN '' ELSE request_path END AS request_path, fingerprint,
+       ` + statusSQL + ` AS status,
+       locked_at IS NOT NULL AS locked, lock_token, CASE WHEN $12::boolean THEN NULL ELSE state END AS state, attempts, last_error,
+       next_attempt_at, parked_at, unknown_at, ` + unsettledSQL + ` AS unsettled, call_until, coalesce(downstream_salt::text, '') AS downstream_salt, resolved_happened,
+       CASE WHEN $12::boolean THEN NULL ELSE resolved_note END AS resolved_note, resolved_at,
+       CASE WHEN $12::boolean THEN NULL ELSE resolved_result END AS resolved_result,
+       extract(epoch FROM /* TEMPLATE: schema */atomicphase_lock_expires(locked_at, lease_us, call_until, $3, now()) - now())::float8 AS lock_expires_in,
+       response_status AS status_code, CASE WHEN $12::boolean THEN NULL ELSE response_header END AS header,
+       CASE WHEN $12::boolean THEN NULL ELSE response_body END AS body,
+       created_at, updated_at, finished_at`
+
+// briefColumns are pageColumns always brief.
+const briefColumns = `scope, idempotency_key AS key, workflow, workflow_version, recovery_point,
+       request_method, '' AS request_path, fingerprint,
+       ` + statusSQL + ` AS status,
+       locked_at IS NOT NULL AS locked, lock_token, NULL::bytea AS state, attempts, last_error,
+       next_attempt_at, parked_at, unknown_at, ` + unsettledSQL + ` AS unsettled, call_until, coalesce(downstream_salt::text, '') AS downstream_salt, resolved_happened,
+       NULL::text AS resolved_note, resolved_at, NULL::jsonb AS resolved_result,
+       extract(epoch FROM /* TEMPLATE: schema */atomicphase_lock_expires(locked_at, lease_us, call_until, $3, now()) - now())::float8 AS lock_expires_in,
+       response_status AS status_code, NULL::jsonb AS header, NULL::bytea AS body,
        created_at, updated_at, finished_at`
 
 const inspectSQL = `SELECT ` + infoColumns + `

@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/atomicphase/atomicphase/internal/connstr"
 )
 
 // ErrNoPgBouncer is wrapped by StartBouncer's error when there is no
@@ -52,10 +54,11 @@ func StartBouncer(ctx context.Context, serverURL string) (*Bouncer, error) {
 	if err != nil {
 		return nil, err
 	}
-	target, err := pgconn.ParseConfig(serverURL)
+	cfg, err := connstr.Parse(serverURL) // its error quotes no part of the string
 	if err != nil {
-		return nil, fmt.Errorf("pgbouncer: parse the server's URL %s: %w", Redact(serverURL), err)
+		return nil, fmt.Errorf("pgbouncer: parse the server's URL %s: %w", connstr.Display(serverURL), err)
 	}
+	target := &cfg.ConnConfig.Config
 	dir, err := os.MkdirTemp(tempBase(), "atomicphase-pgbouncer-")
 	if err != nil {
 		return nil, err

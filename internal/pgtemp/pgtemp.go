@@ -111,17 +111,3 @@ func URLFromEnv() string {
 	}
 	return os.Getenv("DATABASE_URL")
 }
-
-// Redact hides the password of a URL-form connection string, for logs and
-// error messages.
-func Redact(url string) string {
-	if i := strings.Index(url, "://"); i >= 0 {
-		if at := strings.Index(url[i+3:], "@"); at >= 0 {
-			cred := url[i+3 : i+3+at]
-			if user, _, ok := strings.Cut(cred, ":"); ok {
-				return url[:i+3] + user + ":***" + url[i+3+at:]
-			}
-		}
-	}
-	return url
-}

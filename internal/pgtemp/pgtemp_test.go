@@ -161,13 +161,6 @@ func TestURLFromEnv(t *testing.T) {
 	require.Equal(t, "postgres://test", URLFromEnv(), "the test URL wins")
 }
 
-func TestRedactHidesPassword(t *testing.T) {
-	t.Parallel()
-	require.Equal(t, "postgres://u:***@h/db", Redact("postgres://u:secret@h/db"))
-	require.Equal(t, "postgres://u@h/db", Redact("postgres://u@h/db"))
-	require.Equal(t, "host=h dbname=d", Redact("host=h dbname=d"))
-}
-
 const childEnv = "PGTEMP_CHILD"
 
 // childServer is the child of TestKilledProcessLeavesNothingBehind: it

@@ -52,7 +52,7 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 			return noDatabaseError(err)
 		}
 		defer srv.Stop()
-		logf("DATABASE_URL is empty: started a throwaway PostgreSQL from %s at %s", srv.Bin, pgtemp.Redact(srv.URL))
+		logf("DATABASE_URL is empty: started a throwaway PostgreSQL from %s at %s", srv.Bin, connstr.Display(srv.URL))
 		cfg.DatabaseURL = srv.URL
 	}
 	pool, err := newPool(ctx, cfg.DatabaseURL)
