@@ -49,9 +49,16 @@ var Analyzer = &analysis.Analyzer{
 
 const apPath = "github.com/atomicphase/atomicphase"
 
+// checker is one package's check: its functions and its findings.
+type checker struct {
+	*reporter
+	pass  *analysis.Pass
+	funcs *funcs
+}
+
 func run(pass *analysis.Pass) (any, error) {
 	ins := pass.ResultOf[inspect.Analyzer].(*inspector.Inspector)
-	net := findHelpers(pass)
+	c := &checker{reporter: newReporter(pass), pass: pass, funcs: findFuncs(pass)}
 	ins.Preorder([]ast.Node{(*ast.FuncDecl)(nil), (*ast.FuncLit)(nil)}, func(n ast.Node) {
 		var sig *types.Signature
 		var body *ast.BlockStmt
@@ -72,17 +79,18 @@ func run(pass *analysis.Pass) (any, error) {
 			p := sig.Params().At(i)
 			switch {
 			case isNamed(p.Type(), apPath, "Tx"):
-				checkLocal(pass, net, body, p)
+				checkLocal(c, body, p)
 				return
 			case isPointerTo(p.Type(), apPath, "ForeignCall"):
 				// A reconcile function answers (happened bool, err): its
 				// lookup is made outside call.Do by design.
 				reconcile := sig.Results().Len() == 2 && types.Identical(sig.Results().At(0).Type(), types.Typ[types.Bool])
-				checkForeign(pass, net, body, p, reconcile)
+				checkForeign(c, body, p, reconcile)
 				return
 			}
 		}
 	})
+	c.flush()
 	return nil, nil
 }
 

@@ -52,7 +52,7 @@ func callPhases(base string, client *http.Client) []atomicphase.Phase[Ride] {
 				if err := transfer(ctx, client, base+"/debit", key); err != nil {
 					return err
 				}
-				return transfer(ctx, client, base+"/credit", key) // want `a second request inside one call.Do \(the first at calls.go:\d+:\d+\)`
+				return transfer(ctx, client, base+"/credit", key) // want `a second request inside one call.Do, transfer \(which calls \(\*http.Client\).Do\) \(the first at calls.go:52:15\)`
 			})
 		}, nil),
 		atomicphase.Foreign("requests in a loop", func(ctx context.Context, call *atomicphase.ForeignCall, r *Ride) error {
