@@ -20,3 +20,10 @@ func TestBrokenWorkflowsAreFlagged(t *testing.T) {
 func TestSoundWorkflowIsClean(t *testing.T) {
 	analysistest.Run(t, analysistest.TestData(), apvet.Analyzer, "good")
 }
+
+// TestSuppressions: //apvet:ignore RULE REASON hides one finding of RULE,
+// on its line or the next; a suppression that hides nothing, names an
+// unknown rule or gives no reason is a finding itself.
+func TestSuppressions(t *testing.T) {
+	analysistest.Run(t, analysistest.TestData(), apvet.Analyzer, "suppressed")
+}
