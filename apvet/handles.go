@@ -51,35 +51,33 @@ func lastElem(path string) string {
 // a struct that sends its statements through a field of an interface type
 // a pool, a connection and a transaction all satisfy (sqlc's DBTX), and
 // that is built on one of them (New(pool), q.WithTx(tx)). It must have a
-// WithTx method or hold nothing but such handles, so that an application's
-// own struct holding a DBTX among other things is not taken for one.
+// WithTx method or no other field, so that an application's own struct
+// holding a DBTX among other things is not taken for one.
 func queryWrapper(t types.Type) string {
 	n, ok := types.Unalias(t).(*types.Named)
 	if p, isPtr := types.Unalias(t).(*types.Pointer); isPtr {
 		n, ok = types.Unalias(p.Elem()).(*types.Named)
 	}
-	if !ok {
+	if !ok || n.Obj().Pkg() == nil {
 		return ""
 	}
 	st, ok := n.Underlying().(*types.Struct)
 	if !ok {
 		return ""
 	}
-	dbtx, others := false, false
+	dbtx := false
 	for f := range st.Fields() {
-		switch {
-		case sendsStatements(f.Type()):
+		// A transaction's own interfaces are not a DBTX: a struct holding
+		// one holds a transaction (the stored-tx finding's business).
+		if sendsStatements(f.Type()) && !isNamed(f.Type(), apPath, "Tx") && dbHandle(f.Type()) == "" {
 			dbtx = true
-		case dbHandle(f.Type()) != "", isPointerTo(f.Type(), "database/sql", "Stmt"):
-		default:
-			others = true
 		}
 	}
 	if !dbtx {
 		return ""
 	}
 	withTx, _, _ := types.LookupFieldOrMethod(types.NewPointer(n), true, n.Obj().Pkg(), "WithTx")
-	if _, isFunc := withTx.(*types.Func); !isFunc && others {
+	if _, isFunc := withTx.(*types.Func); !isFunc && st.NumFields() != 1 {
 		return ""
 	}
 	return "*" + n.Obj().Pkg().Name() + "." + n.Obj().Name()

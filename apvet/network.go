@@ -70,10 +70,16 @@ func takesContext(sig *types.Signature) bool {
 	return sig.Params().Len() > 0 && isNamed(sig.Params().At(0).Type(), "context", "Context")
 }
 
-// retryingClient names the self-retrying HTTP client call uses, or "".
+// retryingClient names the self-retrying HTTP client whose request call
+// sends (go-retryablehttp's Client, resty's Request), or "".
 func retryingClient(info *types.Info, call *ast.CallExpr) string {
 	fn, _ := typeutil.Callee(info, call).(*types.Func)
-	if fn == nil || fn.Pkg() == nil {
+	if fn == nil || fn.Pkg() == nil || fn.Type().(*types.Signature).Recv() == nil {
+		return ""
+	}
+	switch fn.Name() {
+	case "Do", "Get", "Head", "Post", "PostForm", "Put", "Patch", "Delete", "Execute", "Send":
+	default:
 		return ""
 	}
 	path := fn.Pkg().Path()

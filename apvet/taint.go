@@ -122,6 +122,29 @@ func (t *taint) spread(body ast.Node) {
 		obj, sel, ok := t.path(e)
 		return ok && t.add(obj, sel)
 	}
+	// into marks what a call carrying the key writes it into: the method's
+	// receiver, and what the receiver was built on when it is built on the
+	// spot (json.NewEncoder(&b).Encode(v), b), the variables whose address
+	// the call is given.
+	var into func(call *ast.CallExpr) bool
+	into = func(call *ast.CallExpr) bool {
+		news := false
+		if sel, ok := call.Fun.(*ast.SelectorExpr); ok {
+			if _, isPkg := t.info.Uses[identOf(sel.X)].(*types.PkgName); !isPkg {
+				if inner, ok := ast.Unparen(sel.X).(*ast.CallExpr); ok {
+					news = into(inner) || news
+				} else {
+					news = mark(sel.X) || news
+				}
+			}
+		}
+		for _, a := range call.Args {
+			if u, ok := a.(*ast.UnaryExpr); ok && u.Op == token.AND {
+				news = mark(u.X) || news
+			}
+		}
+		return news
+	}
 	for changed := true; changed; {
 		changed = false
 		ast.Inspect(body, func(n ast.Node) bool {
@@ -165,15 +188,8 @@ func (t *taint) spread(body ast.Node) {
 				if !carried {
 					return true
 				}
-				if sel, ok := x.Fun.(*ast.SelectorExpr); ok {
-					if _, isPkg := t.info.Uses[identOf(sel.X)].(*types.PkgName); !isPkg && mark(sel.X) {
-						changed = true
-					}
-				}
-				for _, a := range x.Args {
-					if u, ok := a.(*ast.UnaryExpr); ok && u.Op == token.AND && mark(u.X) {
-						changed = true
-					}
+				if into(x) {
+					changed = true
 				}
 			}
 			return true

@@ -97,7 +97,7 @@ func (a *app) Phases(base string) []atomicphase.Phase[Ride] {
 		}, nil),
 		atomicphase.Foreign("retrying client", func(ctx context.Context, call *atomicphase.ForeignCall, r *Ride) error {
 			return call.Do(ctx, func(ctx context.Context, key string) error {
-				req, _ := http.NewRequestWithContext(ctx, "POST", base+"/payouts?ref="+key, nil)
+				req, _ := retryablehttp.NewRequest("POST", base+"/payouts?ref="+key, nil)
 				_, err := retryablehttp.NewClient().Do(req) // want `github.com/hashicorp/go-retryablehttp retries requests on its own`
 				return err
 			})
