@@ -29,6 +29,7 @@ type StatusError struct {
 	RetryAfter time.Duration
 }
 
+// Error says what the server answered.
 func (e *StatusError) Error() string {
 	if e.Problem != nil && e.Problem.Type != "" {
 		return fmt.Sprintf("the server answered %d %s", e.Status, strings.TrimPrefix(e.Problem.Type, ProblemTypeBase))
