@@ -123,7 +123,32 @@ type Response struct {
 // Response's Body.
 func (c *Client) Do(req *http.Request) (*Response, error) {
 	ctx, cancel := context.WithTimeout(req.Context(), c.timeout)
-	defer cancel()
+	resp, err := c.do(ctx, req)
+	if err != nil || resp == nil {
+		cancel()
+		return resp, err
+	}
+	// The answer's body is read after Do returns, under the deadline:
+	// closing it ends the deadline's context.
+	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+// cancelOnClose is a response body that cancels its request's context
+// when closed.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelOnClose) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
+}
+
+// do is Do under the deadline's context.
+func (c *Client) do(ctx context.Context, req *http.Request) (*Response, error) {
 	key, err := c.key(req)
 	if err != nil {
 		return nil, err
@@ -138,6 +163,8 @@ func (c *Client) Do(req *http.Request) (*Response, error) {
 		var asked time.Duration // the answer's Retry-After
 		resp, err := c.send(ctx, req, key, body)
 		switch {
+		case err != nil && ctx.Err() != nil:
+			return last, fmt.Errorf("%w after %d attempts: %w", ErrGaveUp, attempt, err)
 		case err != nil && !retryError(ctx, err):
 			closeBody(last)
 			return nil, err

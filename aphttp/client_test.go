@@ -350,3 +350,21 @@ func TestClientAgainstMiddleware(t *testing.T) {
 	require.GreaterOrEqual(t, second.Attempts, 2)
 	require.EqualValues(t, 1, held.runs.Load())
 }
+
+// TestClientAnswerIsReadAfterDo: the answer's body streams after Do
+// returned, under the deadline, until the caller closes it.
+func TestClientAnswerIsReadAfterDo(t *testing.T) {
+	t.Parallel()
+	const size = 8 << 20 // more than any buffer on the way
+	s := newScripted(t, func(w http.ResponseWriter) {
+		w.WriteHeader(http.StatusCreated)
+		http.NewResponseController(w).Flush()
+		_, _ = w.Write([]byte(strings.Repeat("x", size)))
+	})
+	resp, err := quick(nil).Do(postTo(t, s.srv.URL, "", `{}`))
+	require.NoError(t, err)
+	data, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Len(t, data, size)
+	require.NoError(t, resp.Body.Close())
+}
