@@ -3,6 +3,7 @@ package apvet
 import (
 	"go/ast"
 	"go/types"
+	"strings"
 
 	"golang.org/x/tools/go/analysis"
 	"golang.org/x/tools/go/types/typeutil"
@@ -183,7 +184,7 @@ func (f *funcs) guarded(info *types.Info, body ast.Node, calls map[types.Object]
 				if id, ok := ast.Unparen(a).(*ast.Ident); ok && calls[info.Uses[id]] {
 					callee := f.callee(info, x)
 					_, local := f.bodies[callee]
-					if f.guards[callee] || (!local && !isMethodOf(callee, apPath, "ForeignCall")) {
+					if f.guards[callee] || (!local && !isMethodOf(callee, apPath, "ForeignCall") && !standard(callee)) {
 						found = true
 					}
 				}
@@ -192,6 +193,16 @@ func (f *funcs) guarded(info *types.Info, body ast.Node, calls map[types.Object]
 		return !found
 	})
 	return found
+}
+
+// standard reports whether obj belongs to the standard library (fmt.Sprint
+// given call guards nothing), or to no package.
+func standard(obj types.Object) bool {
+	if obj == nil || obj.Pkg() == nil {
+		return true
+	}
+	first, _, _ := strings.Cut(obj.Pkg().Path(), "/")
+	return !strings.Contains(first, ".")
 }
 
 // isMethodOf reports whether obj is a method of path.name or *path.name.

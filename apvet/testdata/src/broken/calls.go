@@ -2,6 +2,7 @@ package broken
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -52,7 +53,7 @@ func callPhases(base string, client *http.Client) []atomicphase.Phase[Ride] {
 				if err := transfer(ctx, client, base+"/debit", key); err != nil {
 					return err
 				}
-				return transfer(ctx, client, base+"/credit", key) // want `a second request inside one call.Do, transfer \(which calls \(\*http.Client\).Do\) \(the first at calls.go:52:15\)`
+				return transfer(ctx, client, base+"/credit", key) // want `a second request inside one call.Do, transfer \(which calls \(\*http.Client\).Do\) \(the first at calls.go:53:15\)`
 			})
 		}, nil),
 		atomicphase.Foreign("requests in a loop", func(ctx context.Context, call *atomicphase.ForeignCall, r *Ride) error {
@@ -65,6 +66,13 @@ func callPhases(base string, client *http.Client) []atomicphase.Phase[Ride] {
 				}
 				return err
 			})
+		}, nil),
+		// Handing call to fmt guards nothing: the request outside Do is
+		// still unguarded.
+		atomicphase.Foreign("call printed", func(ctx context.Context, call *atomicphase.ForeignCall, r *Ride) error {
+			r.Name = fmt.Sprint(call)
+			_, err := client.Get(base + "/ping") // want `\(\*http.Client\).Get in a foreign phase outside call.Do`
+			return err
 		}, nil),
 	}
 }
