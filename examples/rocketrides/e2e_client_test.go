@@ -50,7 +50,8 @@ func TestClientBooksEachRideOnceUnderFaults(t *testing.T) {
 	// The clients: each books rides one after another until told to stop.
 	var retries atomic.Int32
 	client := aphttp.NewClient(&aphttp.ClientOptions{
-		HTTPClient: &http.Client{Timeout: 20 * time.Second},
+		// A connection per attempt: the proxy drops every fourth answer.
+		HTTPClient: &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
 		Timeout:    3 * time.Minute,
 		OnRetry:    func(int, time.Duration, error) { retries.Add(1) },
 	})
