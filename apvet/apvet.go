@@ -1,33 +1,48 @@
 // Package apvet is a static check of atomicphase workflows, built on
 // golang.org/x/tools/go/analysis. It finds, in the functions a workflow
 // runs as phases, the mistakes that break the guarantee a run cannot
-// show until the wrong crash comes:
+// show until the wrong crash comes. Each finding names its rule:
 //
-//   - a database handle other than the phase's tx (a *pgxpool.Pool, a
-//     *pgx.Conn, a *sql.DB, …) used in a phase: what it writes commits on
-//     its own, outside the phase's transaction, and a retry writes it again;
-//   - transaction control on tx.Conn() (pgx.BeginFunc on it, Begin on it)
-//     or in SQL text sent through the phase (COMMIT, ROLLBACK, BEGIN, …);
-//   - network I/O (net/http, net, known SDK clients) in a local phase, where
-//     it runs inside a transaction and is repeated by every retry, or in a
-//     foreign phase outside call.Do (and without call.Transport);
-//   - more than one call.Do on one path of a foreign phase, or call.Do in a
-//     loop: the guard allows one call per phase;
-//   - a call.Do whose downstream never gets the idempotency key (its key
-//     parameter unused, and neither call.Key nor call.Transport used);
-//   - an HTTP client that retries on its own (go-retryablehttp, resty)
-//     inside a foreign phase: its retries are calls the guard never sees;
-//   - a goroutine in a phase that uses the phase's tx, which may outlive
-//     the phase and is not safe for concurrent use, and the tx stored where
-//     it outlives the phase (a package variable, a field).
+//   - handle: a database handle other than the phase's tx (a
+//     *pgxpool.Pool, a *pgx.Conn, a *sql.DB, …), or a query wrapper built
+//     on one (sqlc's *Queries made by New(pool) rather than q.WithTx(tx)),
+//     used in a phase: what it writes commits on its own, outside the
+//     phase's transaction, and a retry writes it again;
+//   - tx-control: transaction control on tx.Conn() (pgx.BeginFunc on it,
+//     Begin on it) or in SQL text sent through the phase (COMMIT, …);
+//   - local-io: network I/O (net/http, net, known SDK clients, and the
+//     package's functions and methods that make it) in a local phase,
+//     where it runs inside a transaction and is repeated by every retry;
+//   - unguarded-io: the same in a foreign phase outside call.Do, when the
+//     phase's requests do not go through call.Transport (used in the phase
+//     or by a helper it hands call to);
+//   - one-call: more than one call.Do on one path of a foreign phase,
+//     call.Do in a loop, or more than one request (or one in a loop) inside
+//     one call.Do: the guard counts one call per phase;
+//   - async-call: a request sent from a goroutine inside call.Do, which can
+//     be in flight after Do returned;
+//   - key: a request made inside call.Do that is not given the downstream
+//     key (Do's key or call.Key(), followed through variables and the
+//     package's helpers), when the phase does not use call.Transport;
+//   - retrying-client: an HTTP client that retries on its own
+//     (go-retryablehttp, resty) in a foreign phase;
+//   - tx-goroutine: a goroutine (a go statement, sync.WaitGroup.Go,
+//     errgroup.Group.Go) in a phase that uses the phase's tx, which may
+//     outlive the phase and is not safe for concurrent use;
+//   - tx-stored: the tx stored where it outlives the phase.
+//
+// A finding is suppressed, with a reason, by a comment on its line or the
+// line above: //apvet:ignore RULE REASON. A suppression that suppresses
+// nothing is reported (rule ignore), so none outlives its finding.
 //
 // A phase is recognised by its signature: a function taking an
 // atomicphase.Tx is a local phase (or a foreign phase's record step); one
 // taking a *atomicphase.ForeignCall is a foreign phase's call (or its
 // reconcile function). The check sees the function's own body and the
-// function literals inside it, not the functions it calls: a helper that
-// takes the pool and is called from a phase is not followed (pass it the tx
-// instead). SQL text is checked where it is a constant.
+// function literals inside it; of the functions it calls, it follows the
+// package's own for network I/O and the key, not for database handles: a
+// helper that takes the pool and is called from a phase is not followed
+// (pass it the tx instead). SQL text is checked where it is a constant.
 package apvet
 
 import (
@@ -49,9 +64,16 @@ var Analyzer = &analysis.Analyzer{
 
 const apPath = "github.com/atomicphase/atomicphase"
 
+// checker is one package's check: its functions and its findings.
+type checker struct {
+	*reporter
+	pass  *analysis.Pass
+	funcs *funcs
+}
+
 func run(pass *analysis.Pass) (any, error) {
 	ins := pass.ResultOf[inspect.Analyzer].(*inspector.Inspector)
-	net := findHelpers(pass)
+	c := &checker{reporter: newReporter(pass), pass: pass, funcs: findFuncs(pass)}
 	ins.Preorder([]ast.Node{(*ast.FuncDecl)(nil), (*ast.FuncLit)(nil)}, func(n ast.Node) {
 		var sig *types.Signature
 		var body *ast.BlockStmt
@@ -72,17 +94,18 @@ func run(pass *analysis.Pass) (any, error) {
 			p := sig.Params().At(i)
 			switch {
 			case isNamed(p.Type(), apPath, "Tx"):
-				checkLocal(pass, net, body, p)
+				checkLocal(c, body, p)
 				return
 			case isPointerTo(p.Type(), apPath, "ForeignCall"):
 				// A reconcile function answers (happened bool, err): its
 				// lookup is made outside call.Do by design.
 				reconcile := sig.Results().Len() == 2 && types.Identical(sig.Results().At(0).Type(), types.Typ[types.Bool])
-				checkForeign(pass, net, body, p, reconcile)
+				checkForeign(c, body, p, reconcile)
 				return
 			}
 		}
 	})
+	c.flush()
 	return nil, nil
 }
 

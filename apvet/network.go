@@ -5,78 +5,14 @@ import (
 	"go/types"
 	"strings"
 
-	"golang.org/x/tools/go/analysis"
 	"golang.org/x/tools/go/types/typeutil"
 )
 
-// helpers maps the functions of the package being checked (declared, or
-// function literals assigned to a variable) that make network I/O, directly
-// or through another such helper, to what they call: a phase calling one
-// makes that I/O too.
-type helpers map[types.Object]string
-
-// findHelpers computes the package's helpers, to a fixed point.
-func findHelpers(pass *analysis.Pass) helpers {
-	bodies := map[types.Object]*ast.BlockStmt{}
-	for _, f := range pass.Files {
-		ast.Inspect(f, func(n ast.Node) bool {
-			switch x := n.(type) {
-			case *ast.FuncDecl:
-				if x.Body != nil {
-					bodies[pass.TypesInfo.Defs[x.Name]] = x.Body
-				}
-			case *ast.AssignStmt:
-				for i, r := range x.Rhs {
-					lit, ok := r.(*ast.FuncLit)
-					if !ok || i >= len(x.Lhs) {
-						continue
-					}
-					if id, ok := x.Lhs[i].(*ast.Ident); ok {
-						obj := pass.TypesInfo.Defs[id]
-						if obj == nil {
-							obj = pass.TypesInfo.Uses[id]
-						}
-						if obj != nil {
-							bodies[obj] = lit.Body
-						}
-					}
-				}
-			}
-			return true
-		})
-	}
-	h := helpers{}
-	for changed := true; changed; {
-		changed = false
-		for obj, body := range bodies {
-			if _, done := h[obj]; done {
-				continue
-			}
-			ast.Inspect(body, func(n ast.Node) bool {
-				if c, ok := n.(*ast.CallExpr); ok {
-					if what := h.networkCall(pass.TypesInfo, c); what != "" {
-						h[obj] = what
-						changed = true
-						return false
-					}
-				}
-				return true
-			})
-		}
-	}
-	return h
-}
-
-// networkCall names the network I/O call makes, or "" when it makes none
-// apvet knows of: net/http's requests, net's dials, gRPC's invocations, the
-// context-taking methods of known SDK clients (Stripe, AWS), and the
-// package's own helpers that make one of those.
-func (h helpers) networkCall(info *types.Info, call *ast.CallExpr) string {
-	if id := rootIdent(call.Fun); id != nil && id == call.Fun {
-		if what, ok := h[info.Uses[id]]; ok {
-			return id.Name + " (which calls " + what + ")"
-		}
-	}
+// networkIO names the network I/O call makes itself, or "" when it makes
+// none apvet knows of: net/http's requests, net's dials, gRPC's
+// invocations, the context-taking methods of known SDK clients (Stripe,
+// AWS).
+func networkIO(info *types.Info, call *ast.CallExpr) string {
 	fn, _ := typeutil.Callee(info, call).(*types.Func)
 	if fn == nil || fn.Pkg() == nil {
 		return ""
@@ -134,10 +70,16 @@ func takesContext(sig *types.Signature) bool {
 	return sig.Params().Len() > 0 && isNamed(sig.Params().At(0).Type(), "context", "Context")
 }
 
-// retryingClient names the self-retrying HTTP client call uses, or "".
+// retryingClient names the self-retrying HTTP client whose request call
+// sends (go-retryablehttp's Client, resty's Request), or "".
 func retryingClient(info *types.Info, call *ast.CallExpr) string {
 	fn, _ := typeutil.Callee(info, call).(*types.Func)
-	if fn == nil || fn.Pkg() == nil {
+	if fn == nil || fn.Pkg() == nil || fn.Type().(*types.Signature).Recv() == nil {
+		return ""
+	}
+	switch fn.Name() {
+	case "Do", "Get", "Head", "Post", "PostForm", "Put", "Patch", "Delete", "Execute", "Send":
+	default:
 		return ""
 	}
 	path := fn.Pkg().Path()
@@ -149,21 +91,51 @@ func retryingClient(info *types.Info, call *ast.CallExpr) string {
 	return ""
 }
 
-// checkGoroutines reports a go statement in a phase whose function uses
-// the phase's transaction.
-func checkGoroutines(pass *analysis.Pass, body *ast.BlockStmt, tx map[types.Object]bool) {
-	ast.Inspect(body, func(n ast.Node) bool {
-		g, ok := n.(*ast.GoStmt)
-		if !ok {
-			return true
+// request is a call in a function that makes network I/O: the I/O itself,
+// or a call of one of the package's helpers that make it.
+type request struct {
+	call *ast.CallExpr
+	what string // as reported: "http.Post", "charge (which calls (*http.Client).Do)"
+	// keyed are the expressions through which the downstream key can reach
+	// the request: the I/O's arguments and receiver, or the arguments a
+	// helper passes on to its own I/O.
+	keyed []ast.Expr
+	// several: the helper makes more than one request on one path.
+	several bool
+}
+
+// requestOf describes call as a request, or returns nil when it is none.
+func (f *funcs) requestOf(info *types.Info, call *ast.CallExpr) *request {
+	if what := networkIO(info, call); what != "" {
+		keyed := append([]ast.Expr(nil), call.Args...)
+		if sel, ok := call.Fun.(*ast.SelectorExpr); ok {
+			keyed = append(keyed, sel.X)
 		}
-		ast.Inspect(g.Call, func(m ast.Node) bool {
-			if id, ok := m.(*ast.Ident); ok && tx[pass.TypesInfo.Uses[id]] {
-				pass.Reportf(g.Pos(), "a goroutine in a phase uses the phase's transaction (%s): it may still run after the phase committed or rolled back, and a transaction is not safe for concurrent use; use tx in the phase's own goroutine", id.Name)
-				return false
+		return &request{call: call, what: what, keyed: keyed}
+	}
+	h := f.net[f.callee(info, call)]
+	if h == nil {
+		return nil
+	}
+	r := &request{call: call, what: types.ExprString(call.Fun) + " (which calls " + h.what + ")", several: h.several}
+	for i, a := range call.Args {
+		if h.reach[min(i, len(h.params)-1)] {
+			r.keyed = append(r.keyed, a)
+		}
+	}
+	return r
+}
+
+// requests lists the requests made in n, in source order.
+func (f *funcs) requests(info *types.Info, n ast.Node) []*request {
+	var out []*request
+	ast.Inspect(n, func(m ast.Node) bool {
+		if c, ok := m.(*ast.CallExpr); ok {
+			if r := f.requestOf(info, c); r != nil {
+				out = append(out, r)
 			}
-			return true
-		})
+		}
 		return true
 	})
+	return out
 }

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"strings"
@@ -45,14 +46,19 @@ type order struct {
 
 const lockTimeout = 2 * time.Second
 
+// ordersTable is the table the workflow writes.
+const ordersTable = `CREATE TABLE IF NOT EXISTS quickstart_orders (
+	id bigserial PRIMARY KEY, item text NOT NULL, amount int NOT NULL, charge_id text)`
+
 func main() {
-	if err := run(context.Background()); err != nil {
+	if err := run(context.Background(), os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context) error {
+// run runs the quickstart, printing what happens to out.
+func run(ctx context.Context, out io.Writer) error {
 	url := os.Getenv("DATABASE_URL")
 	if url == "" {
 		srv, err := atomicphasetest.StartServer(ctx, func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) })
@@ -76,8 +82,7 @@ func run(ctx context.Context) error {
 	if _, err := atomicphase.Migrate(ctx, pool, nil); err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS quickstart_orders (
-		id bigserial PRIMARY KEY, item text NOT NULL, amount int NOT NULL, charge_id text)`); err != nil {
+	if _, err := pool.Exec(ctx, ordersTable); err != nil {
 		return err
 	}
 
@@ -109,21 +114,21 @@ func run(ctx context.Context) error {
 			Method: "POST", Path: "/orders", Params: []byte(`{"item": "rocket boots", "amount": 2000}`)}
 	}
 
-	fmt.Println("atomicphase quickstart: create_order → charge (payment API) → confirm")
+	fmt.Fprintln(out, "atomicphase quickstart: create_order → charge (payment API) → confirm")
 
 	trips.Reset()
 	resp, err := runner.Run(ctx, workflow, request("order-a"))
 	if err != nil {
 		return err
 	}
-	fmt.Printf("1. order-a            → %d %s  (3 phases, %d round trips)\n", resp.Status, resp.Body, trips.Count())
+	fmt.Fprintf(out, "1. order-a            → %d %s  (3 phases, %d round trips)\n", resp.Status, resp.Body, trips.Count())
 
 	trips.Reset()
 	again, err := runner.Run(ctx, workflow, request("order-a"))
 	if err != nil {
 		return err
 	}
-	fmt.Printf("2. order-a again      → %d, replayed=%t, same bytes=%t, no phase ran (%d round trip)\n",
+	fmt.Fprintf(out, "2. order-a again      → %d, replayed=%t, same bytes=%t, no phase ran (%d round trip)\n",
 		again.Status, again.Replayed, string(again.Body) == string(resp.Body), trips.Count())
 	if !again.Replayed || string(again.Body) != string(resp.Body) {
 		return errors.New("invariant violated: the replay differs from the first response")
@@ -134,21 +139,21 @@ func run(ctx context.Context) error {
 	if !errors.Is(err, atomicphase.ErrCrashed) {
 		return fmt.Errorf("expected the injected crash, got %v", err)
 	}
-	fmt.Printf("3. order-b            → crashed after the payment API charged, before recording it (charges so far: %d)\n", len(payments.Charges()))
+	fmt.Fprintf(out, "3. order-b            → crashed after the payment API charged, before recording it (charges so far: %d)\n", len(payments.Charges()))
 
 	_, err = runner.Run(ctx, workflow, request("order-b"))
 	var busy *atomicphase.InProgressError
 	if !errors.As(err, &busy) {
 		return fmt.Errorf("expected in-progress, got %v", err)
 	}
-	fmt.Printf("4. order-b retry      → in progress: the dead attempt's lock holds until the %s lock timeout\n", lockTimeout)
+	fmt.Fprintf(out, "4. order-b retry      → in progress: the dead attempt's lock holds until the %s lock timeout\n", lockTimeout)
 
 	time.Sleep(lockTimeout)
 	resp, err = runner.Run(ctx, workflow, request("order-b"))
 	if err != nil {
 		return err
 	}
-	fmt.Printf("5. order-b retry      → %d %s  (resumed at the charge phase)\n", resp.Status, resp.Body)
+	fmt.Fprintf(out, "5. order-b retry      → %d %s  (resumed at the charge phase)\n", resp.Status, resp.Body)
 
 	var orders int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM quickstart_orders WHERE charge_id IS NOT NULL AND id IN (
@@ -156,7 +161,7 @@ func run(ctx context.Context) error {
 		FROM idempotency_keys WHERE idempotency_key LIKE '%-' || $1)`, fmt.Sprint(run)).Scan(&orders); err != nil {
 		return err
 	}
-	fmt.Printf("   payment API: %d charge requests, %d distinct charges · database: %d orders for 2 keys\n",
+	fmt.Fprintf(out, "   payment API: %d charge requests, %d distinct charges · database: %d orders for 2 keys\n",
 		payments.Requests(), len(payments.Charges()), orders)
 	if len(payments.Charges()) != 2 || orders != 2 {
 		return errors.New("invariant violated: expected exactly 2 charges and 2 orders")

@@ -13,7 +13,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-type Ride struct{ ID int64 }
+type Ride struct {
+	ID   int64
+	Ref  string
+	Name string
+}
 
 type app struct {
 	pool *pgxpool.Pool
@@ -87,14 +91,14 @@ func (a *app) Phases(base string) []atomicphase.Phase[Ride] {
 			return nil
 		}, nil),
 		atomicphase.Foreign("key ignored", func(ctx context.Context, call *atomicphase.ForeignCall, r *Ride) error {
-			return call.Do(ctx, func(ctx context.Context, _ string) error { // want `call.Do's function ignores the downstream key it is handed`
-				return charge(ctx, base, "fresh-key")
+			return call.Do(ctx, func(ctx context.Context, _ string) error {
+				return charge(ctx, base, "fresh-key") // want `charge \(which calls \(\*http.Client\).Do\) inside call.Do is not given the downstream key`
 			})
 		}, nil),
 		atomicphase.Foreign("retrying client", func(ctx context.Context, call *atomicphase.ForeignCall, r *Ride) error {
 			return call.Do(ctx, func(ctx context.Context, key string) error {
-				req, _ := http.NewRequestWithContext(ctx, "POST", base+"/payouts?ref="+key, nil)
-				_, err := retryablehttp.NewClient().Do(req) // want `github.com/hashicorp/go-retryablehttp retries requests on its own` `github.com/hashicorp/go-retryablehttp retries requests on its own`
+				req, _ := retryablehttp.NewRequest("POST", base+"/payouts?ref="+key, nil)
+				_, err := retryablehttp.NewClient().Do(req) // want `github.com/hashicorp/go-retryablehttp retries requests on its own`
 				return err
 			})
 		}, nil),

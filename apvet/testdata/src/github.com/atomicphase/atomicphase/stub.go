@@ -36,3 +36,5 @@ type Phase[S any] struct{}
 func Local[S any](name string, fn LocalFunc[S]) Phase[S]                         { return Phase[S]{} }
 func Foreign[S any](name string, call CallFunc[S], record LocalFunc[S]) Phase[S] { return Phase[S]{} }
 func (p Phase[S]) WithReconcile(fn ReconcileFunc[S]) Phase[S]                    { return p }
+
+func Permanent(err error) error { return err }
