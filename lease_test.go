@@ -502,21 +502,8 @@ func TestLostTakeAnswerLeavesTheKeyTakeable(t *testing.T) {
 	require.Error(t, err)
 	fail.Store(false)
 
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
-	require.NoError(t, err)
 	var armed atomic.Bool
-	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &answerLosingConn{Conn: c, armed: &armed}, nil
-	}
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	require.NoError(t, pool.Ping(b.ctx)) // connected before arming
+	pool := answerLosingPool(t, b, &armed, 1)
 	lossy, err := atomicphase.NewRunner(pool, nil)
 	require.NoError(t, err)
 	require.NoError(t, lossy.Register(wf))
@@ -603,19 +590,8 @@ func TestLostCallMarkAnswerDoesNotHoldTheKey(t *testing.T) {
 	b := setup(t, nil)
 	bk := newBank()
 	wf := payoutWorkflow(bk)
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
-	require.NoError(t, err)
 	var armed atomic.Bool
-	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &answerLosingConn{Conn: c, armed: &armed}, nil
-	}
-	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := answerLosingPool(t, b, &armed, 0)
 	var lost atomic.Bool
 	r, err := atomicphase.NewRunner(pool, &atomicphase.Config{CallGrace: time.Minute,
 		FaultInjector: atomicphase.FaultInjectorFunc(func(_ context.Context, at atomicphase.FaultPoint, _ *pgx.Conn) error {

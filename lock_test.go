@@ -252,6 +252,31 @@ func TestLockExpiresIn(t *testing.T) {
 // answerLosingConn lets the next statement that executes reach the server
 // and complete there, then breaks the connection before the client reads
 // the answer: a lost acknowledgement.
+// answerLosingPool is a pool on b's database whose connections, once armed
+// is set, lose the answer to the next statement sent (answerLosingConn),
+// of at most maxConns connections (pgxpool's default for 0), connected
+// before it returns so that arming it catches a statement, not a dial.
+func answerLosingPool(t *testing.T, b *testBundle, armed *atomic.Bool, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &answerLosingConn{Conn: c, armed: armed}, nil
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, pool.Ping(b.ctx))
+	return pool
+}
+
 type answerLosingConn struct {
 	net.Conn
 	armed   *atomic.Bool
@@ -315,21 +340,8 @@ func TestLostAcquisitionAnswerLeavesTheKeyTakeable(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, nil)
-			cfg, err := pgxpool.ParseConfig(b.db.URL)
-			require.NoError(t, err)
 			var armed atomic.Bool
-			cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-				c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-				if err != nil {
-					return nil, err
-				}
-				return &answerLosingConn{Conn: c, armed: &armed}, nil
-			}
-			cfg.MaxConns = 1
-			pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
-			require.NoError(t, err)
-			t.Cleanup(pool.Close)
-			require.NoError(t, pool.Ping(b.ctx)) // connected before arming
+			pool := answerLosingPool(t, b, &armed, 1)
 			runner, err := atomicphase.NewRunner(pool, nil)
 			require.NoError(t, err)
 			type st struct{}
