@@ -11,3 +11,14 @@ func ApplyMigration(ctx context.Context, db Beginner, schema string, m Migration
 
 // SplitStatements splits SQL into statements as Migrate does.
 var SplitStatements = splitStatements
+
+// KeyOp, KeyAbsent, KeyTransitionAllowed and KeyDeletable expose the key's
+// transition table (key_state.go) to the model-based test.
+type KeyOp = keyOp
+
+const KeyAbsent = keyAbsent
+
+var (
+	KeyTransitionAllowed = keyTransitionAllowed
+	KeyDeletable         = keyDeletable
+)

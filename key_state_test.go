@@ -1,0 +1,177 @@
+package atomicphase_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/atomicphasetest"
+	"github.com/atomicphase/atomicphase/internal/keystore"
+)
+
+// The model-based test of the key's life: random sequences of client
+// requests (each with a fault drawn for it: a crash before or after the
+// payout call or before a commit, an answer the bank loses, a bank that
+// refuses, a bug that fails the last phase for good, its lookups down),
+// resumes, sweeps, operator actions (unpark, verdict, forget, the reaps)
+// and time passing, against a real database. After every step the key's
+// status is read back, and the step must be one the transition table
+// (key_state.go) allows; a delete must only ever remove a key that was
+// finished or parked and settled; and at the end the bank must hold at
+// most one payout reference, paid at most once, for the one client key.
+
+// modelFaults are a step's faults, drawn per step.
+type modelFaults struct {
+	crashAt   atomic.Value // "" or "phase/place"
+	permanent atomic.Bool  // the last phase fails for good
+}
+
+func (f *modelFaults) set(crashAt string, permanent bool) {
+	f.crashAt.Store(crashAt)
+	f.permanent.Store(permanent)
+}
+
+// modelWorkflow: prepare (local), pay (foreign, through the bank, with a
+// reconcile function), done (local, responds).
+func modelWorkflow(bk *bank, f *modelFaults) *atomicphase.Workflow[payout] {
+	return atomicphase.MustWorkflow("model", startEmpty[payout], []atomicphase.Phase[payout]{
+		atomicphase.Local("prepare", func(context.Context, atomicphase.Tx, *payout) (atomicphase.Outcome, error) {
+			return atomicphase.Continue(), nil
+		}),
+		atomicphase.Foreign("pay", func(ctx context.Context, call *atomicphase.ForeignCall, p *payout) error {
+			return call.Do(ctx, func(ctx context.Context, ref string) error {
+				id, err := bk.pay(ctx, ref)
+				p.PayoutID = id
+				return err
+			})
+		}, nil).WithReconcile(func(ctx context.Context, call *atomicphase.ForeignCall, p *payout) (bool, error) {
+			ids, err := bk.lookup(call.Key())
+			if err != nil || len(ids) == 0 {
+				return false, err
+			}
+			p.PayoutID = ids[0]
+			return true, nil
+		}),
+		atomicphase.Local("done", func(context.Context, atomicphase.Tx, *payout) (atomicphase.Outcome, error) {
+			if f.permanent.Load() {
+				return atomicphase.Outcome{}, atomicphase.Permanent(errors.New("a bug in done"))
+			}
+			return atomicphase.Respond(201, []byte("paid")), nil
+		}),
+	}, &atomicphase.WorkflowOpts{CommitEachPhase: true})
+}
+
+func TestKeyStatesFollowTheTable(t *testing.T) {
+	t.Parallel()
+	for seed := uint64(1); seed <= 24; seed++ {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			t.Parallel()
+			runKeyModel(t, seed, 40)
+		})
+	}
+}
+
+func runKeyModel(t *testing.T, seed uint64, steps int) {
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	var faults modelFaults
+	faults.set("", false)
+	b := setup(t, &atomicphase.Config{CallGrace: time.Nanosecond, MaxAttempts: 3,
+		FaultInjector: atomicphase.FaultInjectorFunc(func(_ context.Context, at atomicphase.FaultPoint, _ *pgx.Conn) error {
+			if c, _ := faults.crashAt.Load().(string); c != "" && c == at.Phase+"/"+string(at.Place) {
+				faults.crashAt.Store("") // one crash per step
+				return fmt.Errorf("killed: %w", atomicphase.ErrCrashed)
+			}
+			return nil
+		})})
+	bk := newBank()
+	wf := modelWorkflow(bk, &faults)
+	require.NoError(t, b.runner.Register(wf))
+	// The sweep's own reaps are left to the reap steps (a sweep that
+	// finished a key and reaped it at once would show as one step).
+	sweeper := newSweeper(t, b, &atomicphase.SweepConfig{Retention: 24 * time.Hour, ParkedRetention: -1})
+
+	status := func() (atomicphase.KeyStatus, *atomicphase.KeyInfo) {
+		info, err := b.runner.Inspect(b.ctx, "driver_1", "k")
+		if errors.Is(err, atomicphase.ErrKeyNotFound) {
+			return atomicphase.KeyAbsent, nil
+		}
+		require.NoError(t, err)
+		return info.Status, info
+	}
+	crashes := []string{"", "", "", "pay/" + string(atomicphase.BeforePhase), "pay/" + string(atomicphase.AfterForeign),
+		"done/" + string(atomicphase.BeforeCommit), "prepare/" + string(atomicphase.AfterCommit)}
+	bankFaults := []string{"", "", "act-then-lose", "refuse-5xx"}
+	ops := []atomicphase.KeyOp{"run", "run", "run", "resume", "sweep", "time", "unpark", "verdict", "forget", "reap-parked", "reap"}
+	var trace []string
+	lives := 1 // a finished key deleted (forgotten, reaped) lets the next request pay anew
+	from, info := status()
+	for i := 0; i < steps; i++ {
+		op := ops[rng.IntN(len(ops))]
+		faults.set(crashes[rng.IntN(len(crashes))], rng.IntN(6) == 0)
+		bk.mu.Lock()
+		bk.fail = []string{bankFaults[rng.IntN(len(bankFaults))]}
+		bk.mu.Unlock()
+		bk.lookupDown.Store(int32(rng.IntN(2)))
+		switch op {
+		case "run":
+			_, _ = b.runner.Run(b.ctx, wf, payoutRequest("k"))
+		case "resume":
+			_, _ = b.runner.Resume(b.ctx, "driver_1", "k")
+		case "sweep":
+			_, _ = sweeper.RunOnce(b.ctx)
+		case "time":
+			require.NoError(t, atomicphasetest.AgeLocks(b.ctx, b.db.Pool, time.Hour))
+			require.NoError(t, keystore.AgeBackoffs(b.ctx, b.db.Pool, ""))
+		case "unpark":
+			_ = b.runner.Unpark(b.ctx, "driver_1", "k")
+		case "verdict":
+			// The operator asks the bank, and records what it says.
+			if info != nil {
+				bk.mu.Lock()
+				happened := len(bk.payouts[info.DownstreamKeys["pay"]]) > 0
+				bk.mu.Unlock()
+				_ = b.runner.RecordResolution(b.ctx, "driver_1", "k", happened, "model")
+			}
+		case "forget":
+			_ = b.runner.Forget(b.ctx, "driver_1", "k")
+		case "reap-parked":
+			_, err := b.runner.ReapParked(b.ctx, 0, 10)
+			require.NoError(t, err)
+		case "reap":
+			_, err := b.runner.Reap(b.ctx, 0, 10, 1)
+			require.NoError(t, err)
+		}
+		to, next := status()
+		trace = append(trace, fmt.Sprintf("%s: %s -> %s", op, from, to))
+		require.True(t, atomicphase.KeyTransitionAllowed(op, from, to),
+			"step %d (%s) moved the key %s -> %s, which the table does not allow; trace:\n%v", i, op, from, to, trace)
+		if to == atomicphase.KeyAbsent && from != atomicphase.KeyAbsent {
+			require.True(t, atomicphase.KeyDeletable(from, info.Unsettled),
+				"step %d (%s) deleted a key that was %s, unsettled=%v; trace:\n%v", i, op, from, info.Unsettled, trace)
+			if from != atomicphase.KeyFinished {
+				// The bank's word, not the library's: a deleted key that
+				// had not finished must not have paid.
+				bk.mu.Lock()
+				paid := bk.payouts[info.DownstreamKeys["pay"]]
+				bk.mu.Unlock()
+				require.Empty(t, paid, "step %d (%s) deleted a %s key that had paid; trace:\n%v", i, op, from, trace)
+			}
+			lives++
+		}
+		from, info = to, next
+	}
+	bk.mu.Lock()
+	defer bk.mu.Unlock()
+	require.LessOrEqual(t, len(bk.payouts), lives, "at most one payout reference per life of the client key: %v; trace:\n%v", bk.payouts, trace)
+	for ref, ids := range bk.payouts {
+		require.Len(t, ids, 1, "paid once under %s; trace:\n%v", ref, trace)
+	}
+}
