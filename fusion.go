@@ -103,7 +103,6 @@ func (a *attempt) loop(ctx context.Context, idx int, state []byte) (*Response, e
 		if uerr != nil {
 			return a.failUnit(ctx, idx, state, uerr)
 		}
-		a.paid = a.paid || st.call != nil
 		if res.resp != nil {
 			return res.resp, nil
 		}
@@ -147,10 +146,11 @@ func (a *attempt) failUnit(ctx context.Context, first int, state []byte, ue *uni
 	}
 	var refused *dataRefusedError
 	if errors.As(ue.err, &refused) {
-		if a.paid || steps[first].call != nil {
-			// A foreign phase's call went out (its result committed, or
-			// this unit was to record it): a new key for a corrected
-			// request would pay again. The refusal is a bug in the
+		if a.paid {
+			// A foreign phase's call may have gone out (callPhase, or an
+			// earlier attempt's: mayHaveCalled), whether its result
+			// committed or this unit was to record it: a new key for a
+			// corrected request would pay again. The refusal is a bug in the
 			// workflow, for an operator to fix and unpark.
 			return nil, a.fail(ctx, ue.phase, Permanent(&paidRefusalError{refused}))
 		}

@@ -110,8 +110,7 @@ func (r *Runner) Unpark(ctx context.Context, scope, key string) error {
 // for a parked key whose call's outcome is unknown or whose call may be in
 // flight (ForgetForced is the way to give one up).
 func (r *Runner) Forget(ctx context.Context, scope, key string) error {
-	_, err := r.forget(ctx, scope, key, false)
-	return err
+	return r.forget(ctx, scope, key, false)
 }
 
 // ForgetForced is Forget for a key that Forget refuses with
@@ -141,27 +140,26 @@ func (r *Runner) ForgetForced(ctx context.Context, scope, key, actor, reason str
 	if err := r.RecordAudit(ctx, &AuditEntry{Scope: scope, Key: key, Actor: actor, Action: "forget", Note: reason, Detail: detail}); err != nil {
 		return err
 	}
-	_, err = r.forget(ctx, scope, key, true)
-	return err
+	return r.forget(ctx, scope, key, true)
 }
 
 // forget deletes the key, unsettled too when force is set.
-func (r *Runner) forget(ctx context.Context, scope, key string, force bool) (*keystore.Forgotten, error) {
+func (r *Runner) forget(ctx context.Context, scope, key string, force bool) error {
 	gone, err := r.store.Forget(ctx, r.poolFor(scope), scope, key, force)
-	if err != nil {
-		return nil, storeError("forget key", err)
-	}
-	if gone != nil {
-		return gone, nil
+	switch {
+	case err != nil:
+		return storeError("forget key", err)
+	case gone:
+		return nil
 	}
 	info, ierr := r.Inspect(ctx, scope, key)
 	switch {
 	case ierr != nil:
-		return nil, ierr
+		return ierr
 	case (info.Status == KeyFinished || info.Status == KeyParked) && info.Unsettled:
-		return nil, ErrOutcomeUnsettled
+		return ErrOutcomeUnsettled
 	}
-	return nil, ErrKeyUnfinished
+	return ErrKeyUnfinished
 }
 
 // RecordResolution settles by hand whether the foreign call an unfinished

@@ -43,41 +43,24 @@ WHERE scope = $1::text AND idempotency_key = $2::text
   AND (response_status IS NOT NULL OR (parked_at IS NOT NULL AND locked_at IS NULL))
   AND lock_token = $3::bigint
   AND unknown_at IS NOT DISTINCT FROM $4::timestamptz AND call_until IS NOT DISTINCT FROM $5::timestamptz
-  AND parked_at IS NOT DISTINCT FROM $6::timestamptz AND called_at IS NOT DISTINCT FROM $7::timestamptz
-RETURNING recovery_point, downstream_salt::text, unknown_at, call_until`
-
-// Forgotten is what Forget deleted: where the key stood, and what a
-// downstream knows it by.
-type Forgotten struct {
-	RecoveryPoint  string
-	DownstreamSalt *string
-	UnknownAt      *time.Time
-	CallUntil      *time.Time
-}
+  AND parked_at IS NOT DISTINCT FROM $6::timestamptz AND called_at IS NOT DISTINCT FROM $7::timestamptz`
 
 // Forget deletes a finished key, or a parked one nobody holds, unless it
-// is unsettled (see unsettledSQL) and force is false. It returns nil,
+// is unsettled (see unsettledSQL) and force is false. It reports false,
 // changing nothing, for any other key or an absent one.
-func (s *Store) Forget(ctx context.Context, db DB, scope, key string, force bool) (*Forgotten, error) {
+func (s *Store) Forget(ctx context.Context, db DB, scope, key string, force bool) (bool, error) {
 	var unsettled bool
 	var token int64
 	var unknownAt, callUntil, parkedAt, calledAt *time.Time
 	err := db.QueryRow(ctx, s.sql.forgetRead, scope, key).Scan(&unsettled, &token, &unknownAt, &callUntil, &parkedAt, &calledAt)
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && unsettled && !force) {
-		return nil, nil
+		return false, nil
 	}
 	if err != nil {
-		return nil, err
+		return false, err
 	}
-	var f Forgotten
-	err = db.QueryRow(ctx, s.sql.forget, scope, key, token, unknownAt, callUntil, parkedAt, calledAt).Scan(&f.RecoveryPoint, &f.DownstreamSalt, &f.UnknownAt, &f.CallUntil)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	return &f, nil
+	tag, err := db.Exec(ctx, s.sql.forget, scope, key, token, unknownAt, callUntil, parkedAt, calledAt)
+	return tag.RowsAffected() == 1, err
 }
 
 // recordResolutionSQL: see atomicphase_record_verdict in schema.sql.
