@@ -186,7 +186,15 @@ func (a *attempt) fail(ctx context.Context, phase string, err error) error {
 			// or finished it: nothing was parked or marked.
 			a.log(ctx, slog.LevelWarn, "atomicphase: lock lost to a newer attempt", "phase", phase, "error", err)
 			a.r.observe(ctx, Event{Kind: EventLockLost, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: phase})
-			err = fmt.Errorf("%w (the attempt had failed: %v)", ErrLockLost, err)
+			if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+				// The caller's own cancellation stays visible to it. Only
+				// that is wrapped: another failure (a permanent one, say)
+				// must not make Run's error final, since the key is now
+				// another attempt's to answer for.
+				err = fmt.Errorf("%w (the attempt had failed: %w)", ErrLockLost, err)
+			} else {
+				err = fmt.Errorf("%w (the attempt had failed: %v)", ErrLockLost, err)
+			}
 		case park:
 			parked = true
 			a.log(ctx, slog.LevelError, "atomicphase: key parked", "phase", phase, "error", why)

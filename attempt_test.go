@@ -362,3 +362,28 @@ func TestPanicParksTheKey(t *testing.T) {
 	require.Contains(t, why, "assignment to entry in nil map")
 	require.True(t, isParked, "a panic that every retry meets is not parked")
 }
+
+// An attempt whose context is cancelled (the client hung up, the process is
+// shutting down) and whose key has meanwhile moved on still says it was
+// cancelled: the caller that cancelled it finds context.Canceled in the
+// error, and ErrLockLost with it.
+func TestCancelledAttemptThatLostTheKeySaysItWasCancelled(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var c counters
+	ctx, cancel := context.WithCancel(b.ctx)
+	defer cancel()
+	wf := orderWorkflow(t, &c, hooks{finish: func(context.Context, pgx.Tx, *orderState) error {
+		// Another attempt takes the key over (its token moves on) while
+		// this one is being cancelled.
+		if _, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET lock_token = lock_token + 1 WHERE idempotency_key = 'k'`); err != nil {
+			return err
+		}
+		cancel()
+		return ctx.Err()
+	}})
+	_, err := b.runner.Run(ctx, wf, orderRequest("u", "k"))
+	require.ErrorIs(t, err, atomicphase.ErrLockLost)
+	require.ErrorIs(t, err, context.Canceled, "the caller sees its own cancellation")
+	require.True(t, atomicphase.Retryable(err))
+}
