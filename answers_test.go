@@ -131,7 +131,8 @@ func TestHTTPRetryAfterTellsTheEndOfACallsHold(t *testing.T) {
 	// (Shifted in UTC with immutable operators, which Citus accepts in an
 	// UPDATE, as atomicphasetest.AgeLocks does, but leaving the call's mark.)
 	_, err = b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys
-		SET locked_at = (locked_at AT TIME ZONE 'UTC' - interval '1 day') AT TIME ZONE 'UTC'
+		SET locked_at = (locked_at AT TIME ZONE 'UTC' - interval '1 day') AT TIME ZONE 'UTC',
+		    next_attempt_at = coalesce(next_attempt_at, created_at)
 		WHERE scope = 'driver_1' AND idempotency_key = 'k'`)
 	require.NoError(t, err)
 	info, err := b.runner.Inspect(b.ctx, "driver_1", "k")

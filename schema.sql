@@ -1727,3 +1727,283 @@ $$;
 -- (Parked keys are few, and found through the parked indexes.)
 UPDATE idempotency_keys SET called_at = parked_at
 WHERE response_status IS NULL AND parked_at IS NOT NULL AND called_at IS NULL;
+
+-- The sweep finds abandoned keys without an index on the request's path
+-- (migration 017 drops the indexes every request paid for). A key that
+-- went wrong carries next_attempt_at, and the index of such keys
+-- (idempotency_keys_waiting_idx, 017) is all the sweep reads to pick keys:
+-- a failed attempt sets it to when to try again (as before), and now every
+-- take of an existing key, unpark and verdict sets it too (to the present:
+-- due at once, once no live attempt holds the key), where they cleared it.
+-- The finish clears it, so a request that succeeds first time never
+-- writes it, and its finish changes no indexed column (a HOT update).
+--
+-- What is left is the key that never failed and whose process died: the
+-- sweep finds it in creation order, behind a watermark. Every key created
+-- before atomicphase_sweep_watermark.created_before that is unfinished and
+-- unparked carries next_attempt_at; the sweep moves the watermark up to
+-- one lock timeout before the present, marking each unfinished key it
+-- passes (next_attempt_at := created_at: due, once its lease is over).
+-- Keys are inserted at the commit of their first transaction (with its
+-- time), so none appears behind the watermark after it passed.
+CREATE TABLE atomicphase_sweep_watermark (
+    name           text        PRIMARY KEY,
+    created_before timestamptz NOT NULL
+);
+
+-- Every unfinished key now marked, so the watermark may start here (with a
+-- margin for transactions committing as this one runs).
+UPDATE idempotency_keys SET next_attempt_at = created_at
+WHERE response_status IS NULL AND parked_at IS NULL AND next_attempt_at IS NULL;
+INSERT INTO atomicphase_sweep_watermark (name, created_before)
+VALUES ('abandoned', now() - interval '5 minutes');
+
+-- atomicphase_acquire as in migration 013, marking the key it takes over.
+CREATE OR REPLACE FUNCTION atomicphase_acquire(
+    p_scope text, p_key text, p_workflow text, p_fingerprint bytea,
+    p_method text, p_path text, p_state bytea, p_lock_timeout_us bigint,
+    p_lock_token bigint, p_max_unfinished integer,
+    OUT acquired boolean, OUT workflow text, OUT fingerprint bytea,
+    OUT recovery_point text, OUT next_phase text, OUT state bytea,
+    OUT lock_token bigint, OUT lock_expires_in float8, OUT downstream_salt uuid,
+    OUT attempts integer, OUT took_over boolean, OUT over_limit boolean,
+    OUT response_status integer, OUT response_header jsonb, OUT response_body bytea
+) LANGUAGE plpgsql AS $$
+DECLARE
+    v_now      timestamptz := now();
+    held_since timestamptz;
+    v_until    timestamptz;
+    v_expires  timestamptz;
+BEGIN
+    acquired := false;
+    took_over := false;
+    over_limit := false;
+    attempts := 0;
+    FOR round IN 1..2 LOOP
+        SELECT k.workflow, k.fingerprint, k.recovery_point, k.next_phase, k.lock_token,
+               k.locked_at, atomicphase_held_until(k.locked_at, k.lease_us, k.call_until, p_lock_timeout_us),
+               atomicphase_lock_expires(k.locked_at, k.lease_us, k.call_until, p_lock_timeout_us, v_now),
+               k.attempts, k.response_status, k.response_header, k.response_body
+        INTO workflow, fingerprint, recovery_point, next_phase, lock_token,
+             held_since, v_until, v_expires, attempts, response_status, response_header, response_body
+        FROM idempotency_keys k
+        WHERE k.scope = p_scope AND k.idempotency_key = p_key;
+        IF FOUND AND (response_status IS NOT NULL OR workflow <> p_workflow
+                      OR fingerprint <> p_fingerprint OR v_until >= v_now) THEN
+            lock_expires_in := extract(epoch FROM v_expires - v_now)::float8;
+            RETURN;
+        END IF;
+        took_over := FOUND AND held_since IS NOT NULL;
+        IF NOT FOUND AND NOT pg_try_advisory_xact_lock(hashtextextended(p_scope || chr(31) || p_key, 7)) THEN
+            EXIT; -- being recorded by another transaction: held
+        END IF;
+        IF NOT FOUND AND p_max_unfinished IS NOT NULL AND p_max_unfinished <= (
+                SELECT count(*) FROM (
+                    SELECT 1 FROM idempotency_keys u
+                    WHERE u.scope = p_scope AND u.response_status IS NULL AND u.parked_at IS NULL
+                    LIMIT p_max_unfinished) AS capped) THEN
+            over_limit := true;
+            attempts := 0;
+            workflow := p_workflow;
+            fingerprint := p_fingerprint;
+            recovery_point := 'started';
+            lock_token := 0;
+            RETURN;
+        END IF;
+
+        INSERT INTO idempotency_keys AS k
+            (scope, idempotency_key, workflow, fingerprint, request_method, request_path,
+             state, lock_token, locked_at, lease_us)
+        VALUES (p_scope, p_key, p_workflow, p_fingerprint, p_method, p_path,
+                p_state, p_lock_token, v_now, p_lock_timeout_us)
+        ON CONFLICT (scope, idempotency_key) DO UPDATE
+            SET locked_at = v_now, lock_token = p_lock_token, updated_at = v_now,
+                attempts = k.attempts + 1, parked_at = NULL, next_attempt_at = v_now,
+                lease_us = p_lock_timeout_us
+            WHERE k.response_status IS NULL AND k.workflow = p_workflow
+              AND (k.final_parked_at IS NULL OR k.final_parked_at IS DISTINCT FROM k.parked_at)
+              AND k.fingerprint = p_fingerprint
+              AND (k.locked_at IS NULL OR v_now - k.locked_at > coalesce(k.lease_us, p_lock_timeout_us) * interval '1 microsecond')
+              AND (k.call_until IS NULL OR k.call_until < v_now)
+        RETURNING k.workflow, k.fingerprint, k.recovery_point, k.next_phase, k.state,
+                  k.lock_token, k.downstream_salt, k.attempts
+        INTO workflow, fingerprint, recovery_point, next_phase, state,
+             lock_token, downstream_salt, attempts;
+        IF FOUND THEN
+            acquired := true;
+            response_status := NULL;
+            response_header := NULL;
+            response_body := NULL;
+            RETURN;
+        END IF;
+        -- Another attempt took the key between the read and the upsert.
+        took_over := false;
+    END LOOP;
+    -- Contended, or being recorded: report the key as held, with no expiry
+    -- known, so the caller gets the default retry-after.
+    workflow := p_workflow;
+    fingerprint := p_fingerprint;
+    recovery_point := 'started';
+    lock_token := 0;
+    attempts := 0;
+    lock_expires_in := NULL;
+    took_over := false;
+END
+$$;
+
+-- atomicphase_take as in migration 014, marking the key it takes.
+CREATE OR REPLACE FUNCTION atomicphase_take(
+    p_scope text, p_key text, p_lock_timeout_us bigint, p_lock_token bigint, p_sweep boolean
+) RETURNS TABLE (
+    workflow text, recovery_point text, next_phase text, state bytea,
+    lock_token bigint, downstream_salt uuid, attempts integer, took_over boolean
+) LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := now();
+BEGIN
+    UPDATE idempotency_keys AS k
+    SET locked_at = v_now, lock_token = p_lock_token, updated_at = v_now, parked_at = NULL,
+        next_attempt_at = v_now, attempts = k.attempts + 1, lease_us = p_lock_timeout_us
+    FROM (SELECT b.locked_at FROM idempotency_keys b
+          WHERE b.scope = p_scope AND b.idempotency_key = p_key) AS before
+    WHERE k.scope = p_scope AND k.idempotency_key = p_key AND k.response_status IS NULL
+      AND (k.locked_at IS NULL OR v_now - k.locked_at > coalesce(k.lease_us, p_lock_timeout_us) * interval '1 microsecond')
+      AND (k.call_until IS NULL OR k.call_until < v_now)
+      AND (p_sweep IS NOT TRUE
+           OR (k.parked_at IS NULL AND (k.next_attempt_at IS NULL OR k.next_attempt_at <= v_now)))
+    RETURNING k.workflow, k.recovery_point, k.next_phase, k.state, k.lock_token,
+              k.downstream_salt, k.attempts, before.locked_at IS NOT NULL
+    INTO workflow, recovery_point, next_phase, state, lock_token,
+         downstream_salt, attempts, took_over;
+    IF FOUND THEN
+        RETURN NEXT;
+    END IF;
+END
+$$;
+
+-- atomicphase_unpark as in migration 006, marking the key it unparks.
+CREATE OR REPLACE FUNCTION atomicphase_unpark(p_scope text, p_key text)
+RETURNS SETOF boolean LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := now();
+BEGIN
+    UPDATE idempotency_keys AS k
+    SET parked_at = NULL, next_attempt_at = v_now, updated_at = v_now, attempts = 1
+    WHERE k.scope = p_scope AND k.idempotency_key = p_key AND k.response_status IS NULL;
+    IF FOUND THEN
+        RETURN NEXT true;
+    END IF;
+END
+$$;
+
+-- atomicphase_record_verdict and atomicphase_record_resolution as in
+-- migration 014, marking the key they make due.
+CREATE OR REPLACE FUNCTION atomicphase_record_verdict(
+    p_scope text, p_key text, p_happened boolean, p_note text, p_lock_timeout_us bigint, p_result jsonb
+) RETURNS TABLE (workflow text, recorded boolean) LANGUAGE plpgsql AS $$
+DECLARE
+    v_now        timestamptz := now();
+BEGIN
+    UPDATE idempotency_keys AS k
+    SET resolved_after = k.recovery_point, resolved_happened = p_happened, resolved_note = p_note,
+        resolved_result = p_result, resolved_at = v_now, parked_at = NULL, next_attempt_at = v_now,
+        updated_at = v_now, attempts = 1
+    WHERE k.scope = p_scope AND k.idempotency_key = p_key AND k.response_status IS NULL
+      AND k.unknown_at IS NOT NULL
+      AND (k.locked_at IS NULL OR v_now - k.locked_at > coalesce(k.lease_us, p_lock_timeout_us) * interval '1 microsecond')
+      AND (k.call_until IS NULL OR k.call_until < v_now)
+    RETURNING k.workflow INTO workflow;
+    IF FOUND THEN
+        recorded := true;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    SELECT k.workflow, false INTO workflow, recorded
+    FROM idempotency_keys k
+    WHERE k.scope = p_scope AND k.idempotency_key = p_key AND k.response_status IS NULL
+      AND coalesce(atomicphase_held_until(k.locked_at, k.lease_us, k.call_until, p_lock_timeout_us) < v_now, true);
+    IF FOUND THEN
+        RETURN NEXT;
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION atomicphase_record_resolution(
+    p_scope text, p_key text, p_happened boolean, p_note text, p_lock_timeout_us bigint
+) RETURNS SETOF text LANGUAGE plpgsql AS $$
+DECLARE
+    v_now        timestamptz := now();
+    v_workflow   text;
+BEGIN
+    UPDATE idempotency_keys AS k
+    SET resolved_after = k.recovery_point, resolved_happened = p_happened, resolved_note = p_note,
+        resolved_result = NULL, resolved_at = v_now, parked_at = NULL, next_attempt_at = v_now, updated_at = v_now
+    WHERE k.scope = p_scope AND k.idempotency_key = p_key AND k.response_status IS NULL
+      AND (k.locked_at IS NULL OR v_now - k.locked_at > coalesce(k.lease_us, p_lock_timeout_us) * interval '1 microsecond')
+      AND (k.call_until IS NULL OR k.call_until < v_now)
+    RETURNING k.workflow INTO v_workflow;
+    IF FOUND THEN
+        RETURN NEXT v_workflow;
+    END IF;
+END
+$$;
+
+-- atomicphase_checkpoint as in migration 007, clearing the mark when the
+-- key finishes (a no-op, and no change to an indexed column, for a key
+-- that never went wrong).
+CREATE OR REPLACE FUNCTION atomicphase_checkpoint(
+    p_scope text, p_key text, p_lock_token bigint,
+    p_recovery_point text, p_next_phase text, p_state bytea,
+    p_status integer, p_header jsonb, p_body bytea
+) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    UPDATE idempotency_keys SET
+        recovery_point  = p_recovery_point,
+        next_phase      = p_next_phase,
+        state           = p_state,
+        locked_at       = CASE WHEN p_status IS NULL THEN v_now END,
+        response_status = p_status,
+        response_header = p_header,
+        response_body   = p_body,
+        finished_at     = CASE WHEN p_status IS NOT NULL THEN v_now END,
+        unknown_at      = NULL,
+        next_attempt_at = CASE WHEN p_status IS NULL THEN next_attempt_at END,
+        call_until      = NULL,
+        updated_at      = v_now
+    WHERE scope = p_scope
+      AND idempotency_key = p_key
+      AND lock_token = p_lock_token
+      AND response_status IS NULL;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'idempotency key % lost its lock to a newer attempt', p_key
+            USING ERRCODE = 'AP001';
+    END IF;
+END
+$$;
+
+-- atomicphase:no-transaction
+-- A request that succeeds first time writes two index entries (the primary
+-- key and created_at) and finishes with a HOT update. The indexes whose
+-- predicates read response_status, or whose key is finished_at, made every
+-- finish write a new entry in each index: they go. The sweep reads the
+-- keys that went wrong (next_attempt_at set, migration 016) and the parked
+-- keys, each from a partial index whose predicate reads only its own
+-- column, which a finish never changes; the reaper reads finished keys in
+-- creation order (created_at). Built and dropped concurrently, outside a
+-- transaction, so that no write to the key table waits; Migrate drops a
+-- build an interrupted run left invalid and builds it again.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS idempotency_keys_waiting_idx ON idempotency_keys (next_attempt_at)
+    WHERE next_attempt_at IS NOT NULL;
+CREATE INDEX CONCURRENTLY IF NOT EXISTS idempotency_keys_parked_idx ON idempotency_keys (parked_at)
+    WHERE parked_at IS NOT NULL;
+DROP INDEX CONCURRENTLY IF EXISTS idempotency_keys_due_idx;
+DROP INDEX CONCURRENTLY IF EXISTS idempotency_keys_unfinished_scope_idx;
+DROP INDEX CONCURRENTLY IF EXISTS idempotency_keys_finished_at_idx;
+DROP INDEX CONCURRENTLY IF EXISTS idempotency_keys_parked_scope_idx;
+DROP INDEX CONCURRENTLY IF EXISTS idempotency_keys_parked_at_idx;
+-- Room on each page for a key's finish to stay on it (a HOT update needs
+-- its new version on the old one's page). It applies to pages written
+-- from now on.
+ALTER TABLE idempotency_keys SET (fillfactor = 70);

@@ -244,6 +244,11 @@ func (s *Sweeper) RunOnce(ctx context.Context) (SweepResult, error) {
 	return res, nil
 }
 
+// minMarkPassed is the least number of unfinished keys a sweep marks due
+// as its watermark passes them (keystore.Store.MarkPassed); the rest wait
+// for the next sweep.
+const minMarkPassed = 1000
+
 // MaxUnknownWorkflowKeys bounds SweepResult.UnknownWorkflow: a sweep counts
 // at most this many keys of workflows it does not know.
 const MaxUnknownWorkflowKeys = 1000
@@ -251,6 +256,11 @@ const MaxUnknownWorkflowKeys = 1000
 func (s *Sweeper) complete(ctx context.Context, res *SweepResult) error {
 	r := s.r
 	names := r.workflowNames()
+	// First the keys that never went wrong and whose process died: marked
+	// due as the watermark passes them, they join the keys the rest reads.
+	if _, err := r.store.MarkPassed(ctx, r.pool, max(s.cfg.BatchSize, minMarkPassed)); err != nil {
+		return storeError("sweep: move the watermark", err)
+	}
 	counts, err := r.store.UnknownWorkflows(ctx, r.pool, names, MaxUnknownWorkflowKeys)
 	if err != nil {
 		return storeError("sweep: count keys of unknown workflows", err)

@@ -47,7 +47,7 @@ func BenchmarkSweepRunOnce(b *testing.B) {
 	for b.Loop() {
 		b.StopTimer()
 		_, err := db.Pool.Exec(ctx, `UPDATE idempotency_keys SET recovery_point = 'started', response_status = NULL,
-			response_body = NULL, finished_at = NULL, state = '{}', next_attempt_at = NULL
+			response_body = NULL, finished_at = NULL, state = '{}', next_attempt_at = created_at
 			WHERE idempotency_key LIKE 'open-%'`)
 		require.NoError(b, err)
 		b.StartTimer()

@@ -65,7 +65,7 @@ func TestSweepTakesOnlyKeysStillDue(t *testing.T) {
 		require.Error(t, err)
 		time.Sleep(5 * time.Millisecond) // k1 older updated_at than k2
 	}
-	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET next_attempt_at = NULL`)
+	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET next_attempt_at = created_at WHERE next_attempt_at IS NOT NULL`)
 	require.NoError(t, err)
 	failAll.Store(false)
 	sweeping.Store(true)
@@ -304,7 +304,7 @@ func TestHangingKeyDoesNotStallTheSweep(t *testing.T) {
 		_, _ = b.runner.Run(b.ctx, wf, revReq(k))
 		time.Sleep(2 * time.Millisecond)
 	}
-	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET next_attempt_at = NULL`)
+	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET next_attempt_at = created_at WHERE next_attempt_at IS NOT NULL`)
 	require.NoError(t, err)
 	hang.Store(true)
 	ctx, cancel := context.WithTimeout(b.ctx, 2*time.Second)

@@ -29,15 +29,19 @@ func crashOnce(phase string, place atomicphase.FaultPlace) atomicphase.FaultInje
 
 // ageLocks makes every held lock older than the lock timeout, and every
 // foreign call's quiet period past: the passage of time after a crash,
-// without the wait. Times are shifted in UTC, on
+// without the wait. It marks each unfinished key due, as the sweep's
+// watermark does once that much time has passed. Times are shifted in UTC, on
 // timestamps without time zone, whose operators are immutable: Citus
 // refuses a stable one (timestamptz minus interval) applied to a column in
 // an UPDATE.
 func ageLocks(t *testing.T, b *testBundle) {
 	t.Helper()
 	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET locked_at = (locked_at AT TIME ZONE 'UTC' - interval '1 day') AT TIME ZONE 'UTC',
-		call_until = (call_until AT TIME ZONE 'UTC' - interval '1 day') AT TIME ZONE 'UTC'
-		WHERE locked_at IS NOT NULL OR call_until IS NOT NULL`)
+		call_until = (call_until AT TIME ZONE 'UTC' - interval '1 day') AT TIME ZONE 'UTC',
+		next_attempt_at = CASE WHEN response_status IS NULL AND parked_at IS NULL
+		                       THEN coalesce(next_attempt_at, created_at) ELSE next_attempt_at END
+		WHERE locked_at IS NOT NULL OR call_until IS NOT NULL
+		   OR (response_status IS NULL AND parked_at IS NULL AND next_attempt_at IS NULL)`)
 	require.NoError(t, err)
 }
 

@@ -64,7 +64,7 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 		var ip *atomicphase.InProgressError
 		require.ErrorAs(t, err, &ip)
 	})
-	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET locked_at = locked_at - interval '1 hour' WHERE idempotency_key = 'held'`)
+	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET locked_at = locked_at - interval '1 hour', next_attempt_at = coalesce(next_attempt_at, created_at) WHERE idempotency_key = 'held'`)
 	require.NoError(t, err)
 	b.step("held takeover", func(ctx context.Context) {
 		resp, err := run(ctx, "s-held", "held", "rocket")
@@ -113,7 +113,7 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 		_, err := other.Run(ctx, legacy, atomicphase.Request{Scope: "s-legacy", Key: "legacy", Method: "POST", Path: "/legacy"})
 		require.ErrorContains(t, err, "not yet")
 		// Its backoff over, the key is due: the sweep counts it.
-		_, err = b.db.Pool.Exec(ctx, `UPDATE idempotency_keys SET next_attempt_at = NULL WHERE workflow = 'legacy'`)
+		_, err = b.db.Pool.Exec(ctx, `UPDATE idempotency_keys SET next_attempt_at = created_at WHERE workflow = 'legacy'`)
 		require.NoError(t, err)
 	})
 

@@ -20,7 +20,7 @@ func TestResolve(t *testing.T) {
 	require.False(t, *k.ResolvedHappened)
 	require.Equal(t, "no such transfer at the bank (ops: ana)", *k.ResolvedNote)
 	require.NotNil(t, k.ResolvedAt)
-	require.Nil(t, k.NextAttemptAt, "due at once")
+	requireDueNow(t, k.NextAttemptAt)
 
 	res = b.run(t, "inspect", "bob", "abandoned-1")
 	require.Equal(t, 0, res.code, res.stderr)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -18,7 +19,7 @@ func TestUnpark(t *testing.T) {
 	require.Equal(t, `key unparked: the next sweep of a process that registered workflow "payout" resumes it after recovery point "started"`+"\n", res.stdout)
 	info := b.inspect(t, "bob", "parked-1")
 	require.Nil(t, info.ParkedAt)
-	require.Nil(t, info.NextAttemptAt)
+	requireDueNow(t, info.NextAttemptAt)
 	require.Equal(t, atomicphase.KeyAbandoned, info.Status)
 	require.Equal(t, 1, info.Attempts, "unpark runs nothing")
 
@@ -27,7 +28,7 @@ func TestUnpark(t *testing.T) {
 	res = b.run(t, "unpark", "bob", "abandoned-1")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Contains(t, res.stdout, "key was not parked (it is abandoned); its backoff is cleared")
-	require.Nil(t, b.inspect(t, "bob", "abandoned-1").NextAttemptAt)
+	requireDueNow(t, b.inspect(t, "bob", "abandoned-1").NextAttemptAt)
 }
 
 func TestResume(t *testing.T) {
@@ -39,7 +40,7 @@ func TestResume(t *testing.T) {
 	require.Equal(t, `key scheduled: the next sweep of a process that registered workflow "payout" resumes it after recovery point "started"`+"\n", res.stdout)
 	info := b.inspect(t, "bob", "parked-1")
 	require.Nil(t, info.ParkedAt)
-	require.Nil(t, info.NextAttemptAt)
+	requireDueNow(t, info.NextAttemptAt)
 	require.Equal(t, atomicphase.KeyAbandoned, info.Status)
 	require.Equal(t, 1, info.Attempts, "the CLI runs no phase")
 
@@ -68,4 +69,12 @@ func TestUnparkRefusals(t *testing.T) {
 		require.Equal(t, exitFailure, res.code, cmd)
 		require.Contains(t, res.stderr, `no key "missing" in scope "alice"`)
 	}
+}
+
+// requireDueNow checks that a key is due for the sweep at once: its next
+// attempt is not in the future.
+func requireDueNow(t *testing.T, next *time.Time) {
+	t.Helper()
+	require.NotNil(t, next, "due: the sweep reads the keys that carry a next attempt")
+	require.False(t, next.After(time.Now()), "due at once")
 }

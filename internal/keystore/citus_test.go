@@ -39,6 +39,7 @@ var fanOut = map[string]string{
 	"abandonedSQL":      "the sweep looks for abandoned keys in every scope",
 	"unknownSQL":        "the sweep counts abandoned keys of unknown workflows in every scope",
 	"reapPickSQL":       "the sweep picks old finished keys of every scope, to delete each on its own",
+	"passedSQL":         "the sweep's watermark passes the new keys of every scope, to mark each on its own",
 	"reapParkedPickSQL": "the sweep picks parked keys past their retention in every scope, to delete each on its own",
 	"versionDrainedSQL": "a version's name is given to another phase list only when no key of it is unfinished in any scope",
 	"ageLocksSQL":       "tests age every held lock (atomicphasetest.AgeLocks)",

@@ -9,4 +9,5 @@ const (
 	AbandonedSQL = abandonedSQL
 	UnknownSQL   = unknownSQL
 	ReapSQL      = reapPickSQL
+	PassedSQL    = passedSQL
 )

@@ -48,11 +48,9 @@ func TestReplayReadInlinesItsFunctions(t *testing.T) {
 // its index, on a key table that holds what an outage leaves: 100 000
 // finished keys and 50 000 unfinished ones in backoff, none due. The
 // sweep's reads (the abandoned keys, the count of unknown workflows) must
-// reach the due keys through index conditions, so that the backlog is not
-// read at each sweep (written as "next_attempt_at IS NULL OR
-// next_attempt_at <= now()", the planner read every row of the backlog and
-// filtered); the reap reads the partial index of finished keys by age; the
-// per-scope count the partial index of unfinished keys by scope.
+// reach the due keys through the index of keys that went wrong, so that the
+// backlog is not read at each sweep; the watermark and the reap read keys
+// by creation time; the per-scope count the primary key, by scope.
 func TestSweepStatementsReadOnlyWhatIsDue(t *testing.T) {
 	t.Parallel()
 	atomicphasetest.SkipOnCitus(t, "the workers plan the shards' statements")
@@ -71,13 +69,15 @@ func TestSweepStatementsReadOnlyWhatIsDue(t *testing.T) {
 		want []string
 	}{
 		"abandoned": {args.Replace(keystore.Render(keystore.AbandonedSQL, "")),
-			[]string{"Index Cond: (next_attempt_at IS NULL)", "Index Cond: (next_attempt_at <= now())"}},
+			[]string{"idempotency_keys_waiting_idx", "Index Cond: (next_attempt_at <= now())"}},
 		"unknown": {strings.NewReplacer("$1", "'{w}'", "$2", "90000000", "$3", "1000").Replace(keystore.Render(keystore.UnknownSQL, "")),
-			[]string{"Index Cond: (next_attempt_at IS NULL)", "Index Cond: (next_attempt_at <= now())"}},
+			[]string{"idempotency_keys_waiting_idx", "Index Cond: (next_attempt_at <= now())"}},
 		"reap": {strings.NewReplacer("$1", "86400000000", "$2", "1000").Replace(keystore.Render(keystore.ReapSQL, "")),
-			[]string{"idempotency_keys_finished_at_idx"}},
+			[]string{"idempotency_keys_created_at_idx"}},
+		"passed": {strings.NewReplacer("$1", "(now() - interval '1 minute')", "$2", "(now() - interval '1 second')", "$3", "1000").Replace(keystore.Render(keystore.PassedSQL, "")),
+			[]string{"idempotency_keys_created_at_idx"}},
 		"count": {`SELECT count(*) FROM idempotency_keys WHERE scope = 's1' AND response_status IS NULL AND parked_at IS NULL`,
-			[]string{"idempotency_keys_unfinished_scope_idx"}},
+			[]string{"idempotency_keys_pkey"}},
 	}
 	for name, st := range statements {
 		rows, err := db.Pool.Query(t.Context(), "EXPLAIN "+st.sql)

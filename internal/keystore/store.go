@@ -76,7 +76,8 @@ type statements struct {
 	levels, recentTrouble, page, pageUnfinished, scopeKeys,
 	recordAudit, auditTrail,
 	versionOf, announce, versionDrained, reclaimVersion, deployed, otherVersions, versionKeys, versions, undoAttempt,
-	claim, recordUnit string
+	claim, recordUnit,
+	watermark, passed, markPassed, moveWatermark string
 }
 
 // New returns the Store for schema ("" for the search_path) and lockTimeout.
@@ -124,6 +125,10 @@ func New(schema string, lockTimeout time.Duration) *Store {
 		undoAttempt:      r(undoAttemptSQL),
 		claim:            r(claimSQL),
 		recordUnit:       r(recordUnitSQL),
+		watermark:        r(watermarkSQL),
+		passed:           r(passedSQL),
+		markPassed:       r(markPassedSQL),
+		moveWatermark:    r(moveWatermarkSQL),
 	}}
 }
 

@@ -19,30 +19,120 @@ import (
 // partitioned by scope, the distribution column, so on Citus each worker
 // numbers its own shards' keys.
 //
-// It reads the keys due in two ranges of the partial index of due keys,
-// those never put off (next_attempt_at NULL: running, or abandoned) and
-// those whose retry is due: written as one condition (IS NULL OR <=
-// now()), the planner read every unfinished key's row and filtered, and a
-// backlog of keys in backoff (an outage's) cost every sweep a read of all
-// of them (50 000 such keys: 24 ms, against 0.1 ms now).
+// It reads the keys due from the index of keys that went wrong
+// (idempotency_keys_waiting_idx: next_attempt_at set, migrations 016 and
+// 017): every key a failed attempt released, every key taken again, and
+// every key the watermark passed unfinished (MarkPassed), so a key that
+// never went wrong costs the sweep nothing.
 const abandonedSQL = `
 SELECT scope, idempotency_key, workflow FROM (
     SELECT scope, idempotency_key, workflow, next_attempt_at,
-           row_number() OVER (PARTITION BY scope ORDER BY next_attempt_at NULLS FIRST, created_at) AS nth
-    FROM (
-        SELECT * FROM /* TEMPLATE: schema */idempotency_keys
-        WHERE response_status IS NULL AND parked_at IS NULL AND next_attempt_at IS NULL
-        UNION ALL
-        SELECT * FROM /* TEMPLATE: schema */idempotency_keys
-        WHERE response_status IS NULL AND parked_at IS NULL AND next_attempt_at <= now()) AS k
-    WHERE workflow = ANY($1::text[])
+           row_number() OVER (PARTITION BY scope ORDER BY next_attempt_at, created_at) AS nth
+    FROM /* TEMPLATE: schema */idempotency_keys
+    WHERE response_status IS NULL AND parked_at IS NULL AND next_attempt_at <= now()
+      AND workflow = ANY($1::text[])
       AND CASE WHEN workflow_version IS NULL
                THEN recovery_point = 'started' OR workflow || chr(31) || coalesce(next_phase, recovery_point) = ANY($6::text[])
                ELSE workflow || chr(31) || workflow_version = ANY($5::text[]) END
       AND coalesce(/* TEMPLATE: schema */atomicphase_held_until(locked_at, lease_us, call_until, $2) < now(), true)) AS due
 WHERE nth <= $4::bigint
-ORDER BY nth, next_attempt_at NULLS FIRST
+ORDER BY nth, next_attempt_at
 LIMIT $3`
+
+// The watermark (migration 016): every unfinished, unparked key created
+// before it is marked due (next_attempt_at set), so the sweep finds it in
+// the index of keys that went wrong. A key that never went wrong has no
+// mark, and its process may die: MarkPassed moves the watermark up to one
+// lock timeout before the present, in creation order, and marks each
+// unfinished key it passes. Keys are inserted at the commit of their first
+// transaction, with that time, so a key the watermark passed was visible
+// to it.
+
+// watermarkSQL reads the watermark and where it may move to: one lock
+// timeout ($1) before the present, on the coordinator's clock (a margin
+// of one lock timeout for the nodes' clocks).
+const watermarkSQL = `
+SELECT coalesce((SELECT created_before FROM /* TEMPLATE: schema */atomicphase_sweep_watermark WHERE name = 'abandoned'), '-infinity'),
+       now() - $1::bigint * interval '1 microsecond'`
+
+// passedSQL lists the unmarked unfinished keys created in [$1, $2), oldest
+// first, at most $3.
+const passedSQL = `
+SELECT scope, idempotency_key, created_at FROM /* TEMPLATE: schema */idempotency_keys
+WHERE created_at >= $1::timestamptz AND created_at < $2::timestamptz
+  AND response_status IS NULL AND parked_at IS NULL AND next_attempt_at IS NULL
+ORDER BY created_at
+LIMIT $3::integer`
+
+// markPassedSQL marks one passed key due from its creation (a past time, so
+// it is due as soon as no live attempt holds it), unless it finished,
+// parked or was marked since. No time function: on Citus it is routed to
+// the key's worker as it is.
+const markPassedSQL = `
+UPDATE /* TEMPLATE: schema */idempotency_keys SET next_attempt_at = created_at
+WHERE scope = $1::text AND idempotency_key = $2::text
+  AND response_status IS NULL AND parked_at IS NULL AND next_attempt_at IS NULL`
+
+// moveWatermarkSQL moves the watermark up to $1, never back (sweeps in
+// several processes move it in turn).
+const moveWatermarkSQL = `
+INSERT INTO /* TEMPLATE: schema */atomicphase_sweep_watermark AS w (name, created_before) VALUES ('abandoned', $1::timestamptz)
+ON CONFLICT (name) DO UPDATE SET created_before = greatest(w.created_before, excluded.created_before)`
+
+// MarkPassed moves the sweep's watermark up, marking due the unfinished
+// keys it passes, at most limit of them (the watermark then stops at the
+// last one, and the next call goes on from there). It returns how many it
+// marked. Its cost is one read of each key created since the last call.
+func (s *Store) MarkPassed(ctx context.Context, db Batcher, limit int) (int, error) {
+	var from, to time.Time
+	if err := db.QueryRow(ctx, s.sql.watermark, s.lockTimeoutUS).Scan(&from, &to); err != nil {
+		return 0, err
+	}
+	if !to.After(from) {
+		return 0, nil
+	}
+	rows, err := db.Query(ctx, s.sql.passed, from, to, limit)
+	if err != nil {
+		return 0, err
+	}
+	type passedKey struct {
+		scope, key string
+		created    time.Time
+	}
+	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (passedKey, error) {
+		var k passedKey
+		return k, row.Scan(&k.scope, &k.key, &k.created)
+	})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	if len(keys) > 0 {
+		b := &pgx.Batch{}
+		for _, k := range keys {
+			b.Queue(s.sql.markPassed, k.scope, k.key)
+		}
+		res := db.SendBatch(ctx, b)
+		for range keys {
+			tag, err := res.Exec()
+			if err != nil {
+				_ = res.Close()
+				return n, err
+			}
+			n += int(tag.RowsAffected())
+		}
+		if err := res.Close(); err != nil {
+			return n, err
+		}
+		if len(keys) == limit {
+			// More may follow: stop at the last key passed (its peers
+			// of the same instant are read again, and are marked).
+			to = keys[len(keys)-1].created
+		}
+	}
+	_, err = db.Exec(ctx, s.sql.moveWatermark, to)
+	return n, err
+}
 
 // Ref names one key of a workflow.
 type Ref struct{ Scope, Key, Workflow string }
@@ -72,13 +162,9 @@ func (s *Store) Abandoned(ctx context.Context, db DB, workflows, versions, phase
 // does.
 const unknownSQL = `
 SELECT workflow, count(*)::int FROM (
-    SELECT workflow FROM (
-        SELECT * FROM /* TEMPLATE: schema */idempotency_keys
-        WHERE response_status IS NULL AND parked_at IS NULL AND next_attempt_at IS NULL
-        UNION ALL
-        SELECT * FROM /* TEMPLATE: schema */idempotency_keys
-        WHERE response_status IS NULL AND parked_at IS NULL AND next_attempt_at <= now()) AS k
-    WHERE workflow <> ALL($1::text[])
+    SELECT workflow FROM /* TEMPLATE: schema */idempotency_keys
+    WHERE response_status IS NULL AND parked_at IS NULL AND next_attempt_at <= now()
+      AND workflow <> ALL($1::text[])
       AND coalesce(/* TEMPLATE: schema */atomicphase_held_until(locked_at, lease_us, call_until, $2) < now(), true)
     LIMIT $3) AS unknown
 GROUP BY workflow ORDER BY workflow`
@@ -115,12 +201,17 @@ func (s *Store) UnknownWorkflows(ctx context.Context, db DB, known []string, lim
 // processes reap in turn: what one deleted, the other's DELETE finds gone.
 
 // reapPickSQL picks one batch of finished keys past their retention,
-// oldest first (the subquery's now() each worker evaluates).
+// oldest first (the subquery's now() each worker evaluates). It reads the
+// keys in creation order (no index of finished keys: a finish that wrote
+// one would not be a HOT update): a key finishes after it is created, so
+// every key finished before the retention was created before it too, and
+// the keys it passes over are the few still unfinished, or finished since.
 const reapPickSQL = `
 SELECT scope, idempotency_key, finished_at FROM /* TEMPLATE: schema */idempotency_keys
-WHERE response_status IS NOT NULL
+WHERE created_at < now() - $1::bigint * interval '1 microsecond'
+  AND response_status IS NOT NULL
   AND finished_at < now() - $1::bigint * interval '1 microsecond'
-ORDER BY finished_at
+ORDER BY created_at
 LIMIT $2::integer`
 
 // reapOneSQL deletes one picked finished key.
@@ -241,21 +332,27 @@ type Execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// ageLocksSQL moves every held lock back by $1 microseconds. The arithmetic
+// ageLocksSQL moves every held lock back by $1 microseconds, and marks each
+// unfinished key it ages as the sweep's watermark would once the time had
+// passed (MarkPassed): due once its lease is over. The arithmetic
 // is done in UTC on timestamps without time zone, whose operators are
 // immutable: Citus refuses a stable function (timestamptz minus interval is
 // one) applied to a column in an UPDATE. On Citus the statement goes to
 // every shard, as it means to.
 const ageLocksSQL = `UPDATE /* TEMPLATE: schema */idempotency_keys
 		SET locked_at = (locked_at AT TIME ZONE 'UTC' - $1::bigint * interval '1 microsecond') AT TIME ZONE 'UTC',
-		    call_until = NULL
-		WHERE locked_at IS NOT NULL OR call_until IS NOT NULL`
+		    call_until = NULL,
+		    next_attempt_at = CASE WHEN response_status IS NULL AND parked_at IS NULL
+		                           THEN coalesce(next_attempt_at, created_at) ELSE next_attempt_at END
+		WHERE locked_at IS NOT NULL OR call_until IS NOT NULL
+		   OR (response_status IS NULL AND parked_at IS NULL AND next_attempt_at IS NULL)`
 
 // ageBackoffsSQL makes every unfinished key due for the sweep now: the
-// backoff a failed attempt set has passed. On Citus the statement goes to
-// every shard, as it means to.
+// backoff a failed attempt set has passed (a due key's next_attempt_at is
+// in the past; its creation time is). On Citus the statement goes to every
+// shard, as it means to.
 const ageBackoffsSQL = `UPDATE /* TEMPLATE: schema */idempotency_keys
-		SET next_attempt_at = NULL
+		SET next_attempt_at = created_at
 		WHERE next_attempt_at IS NOT NULL`
 
 // AgeBackoffs makes every key in schema's key table due for the sweep: the

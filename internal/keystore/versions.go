@@ -112,11 +112,13 @@ func (s *Store) Deployed(ctx context.Context, db DB, workflow string, horizon ti
 
 // otherVersionsSQL counts the unfinished, unparked keys of the given
 // workflows recorded under versions other than the given ones, per
-// workflow and version, up to $3 keys.
+// workflow and version, up to $3 keys: those the sweep may pick (marked
+// due, sweep.go), which it reads from their index; a key that never went
+// wrong is held by its own attempt until the watermark passes it.
 const otherVersionsSQL = `
 SELECT workflow, workflow_version, count(*)::int FROM (
     SELECT workflow, workflow_version FROM /* TEMPLATE: schema */idempotency_keys
-    WHERE response_status IS NULL AND parked_at IS NULL
+    WHERE response_status IS NULL AND parked_at IS NULL AND next_attempt_at IS NOT NULL
       AND workflow = ANY($1::text[]) AND workflow_version IS NOT NULL
       AND workflow || chr(31) || workflow_version <> ALL($2::text[])
     LIMIT $3) AS other
@@ -143,11 +145,12 @@ func (s *Store) OtherVersions(ctx context.Context, db DB, workflows, versions []
 }
 
 // versionKeysSQL lists at most $3 unfinished, unparked keys of one
-// workflow version, oldest first.
+// workflow version that the sweep may pick (otherVersionsSQL), oldest
+// first.
 const versionKeysSQL = `
 SELECT scope, idempotency_key, workflow FROM /* TEMPLATE: schema */idempotency_keys
 WHERE workflow = $1::text AND workflow_version = $2::text
-  AND response_status IS NULL AND parked_at IS NULL
+  AND response_status IS NULL AND parked_at IS NULL AND next_attempt_at IS NOT NULL
 ORDER BY created_at
 LIMIT $3::integer`
 

@@ -1,0 +1,105 @@
+package atomicphase_test
+
+import (
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+)
+
+// finishWrites are the key row's columns a finish changes on a key that
+// never went wrong (atomicphase_checkpoint with a response). An index that
+// reads any of them, as a key, an expression or a predicate, makes every
+// finish write a new entry in it: no longer a HOT update.
+// (next_attempt_at, also written, stays NULL on such a key.)
+var finishWrites = []string{"recovery_point", "next_phase", "state", "locked_at", "response_status",
+	"response_header", "response_body", "finished_at", "unknown_at", "call_until", "updated_at"}
+
+// A request that succeeds first time writes two index entries in all (the
+// key's primary key and its creation time), and its finish changes no
+// column an index reads, so PostgreSQL can keep it on the row's page
+// without touching an index (a HOT update).
+func TestFreshRequestWritesTwoIndexEntriesAndFinishesHOT(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var c counters
+	resp, err := b.runner.Run(b.ctx, orderWorkflow(t, &c, hooks{}), orderRequest("u", "k"))
+	require.NoError(t, err)
+	require.Equal(t, 201, resp.Status)
+
+	rows, err := b.db.Pool.Query(b.ctx, `
+		SELECT c.relname, pg_get_indexdef(i.indexrelid), coalesce(pg_get_expr(i.indpred, i.indrelid), '')
+		FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+		WHERE i.indrelid = 'idempotency_keys'::regclass ORDER BY c.relname`)
+	require.NoError(t, err)
+	type index struct{ name, def, pred string }
+	var indexes []index
+	for rows.Next() {
+		var ix index
+		require.NoError(t, rows.Scan(&ix.name, &ix.def, &ix.pred))
+		indexes = append(indexes, ix)
+	}
+	require.NoError(t, rows.Err())
+
+	var entries []string
+	for _, ix := range indexes {
+		for _, col := range finishWrites {
+			require.NotRegexp(t, regexp.MustCompile(`\b`+col+`\b`), ix.def,
+				"index %s reads %s, which a finish writes: the finish would not be a HOT update", ix.name, col)
+		}
+		holds := true
+		if ix.pred != "" {
+			require.NoError(t, b.db.Pool.QueryRow(b.ctx,
+				`SELECT EXISTS (SELECT FROM idempotency_keys WHERE scope = 'u' AND idempotency_key = 'k' AND (`+ix.pred+`))`).Scan(&holds))
+		}
+		if holds {
+			entries = append(entries, ix.name)
+		}
+	}
+	require.ElementsMatch(t, []string{"idempotency_keys_pkey", "idempotency_keys_created_at_idx"}, entries,
+		"the finished key has an entry in these indexes only")
+	require.Len(t, indexes, 4, "the key table's indexes: the primary key, creation time, keys that went wrong, parked keys")
+}
+
+// A key that never went wrong carries no mark, and its process may die
+// without a word: the sweep finds it once its watermark, one lock timeout
+// behind the present, passes the key's creation, and finishes it. A
+// finished key it passes stays unmarked.
+func TestSweepFindsADeadKeyAsItsWatermarkPasses(t *testing.T) {
+	t.Parallel()
+	const lockTimeout = 200 * time.Millisecond
+	b := setup(t, &atomicphase.Config{LockTimeout: lockTimeout, FaultInjector: crashOnce("charge", atomicphase.AfterForeign)})
+	var c counters
+	wf := orderWorkflow(t, &c, hooks{})
+	_, err := b.runner.Run(b.ctx, wf, orderRequest("u", "dead"))
+	require.ErrorIs(t, err, atomicphase.ErrCrashed)
+	_, err = b.runner.Run(b.ctx, wf, orderRequest("u", "done"))
+	require.NoError(t, err)
+	info, err := b.runner.Inspect(b.ctx, "u", "dead")
+	require.NoError(t, err)
+	require.Nil(t, info.NextAttemptAt, "the key never went wrong as far as the table knows")
+	var before time.Time
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT created_before FROM atomicphase_sweep_watermark`).Scan(&before))
+
+	s := newSweeper(t, b, nil)
+	require.Eventually(t, func() bool {
+		res, err := s.RunOnce(b.ctx)
+		require.NoError(t, err)
+		return res.Completed == 1
+	}, time.Minute, 20*time.Millisecond, "the sweep finishes the dead key")
+	require.EqualValues(t, 2, c.create.Load(), "each key's committed phase ran once")
+	info, err = b.runner.Inspect(b.ctx, "u", "dead")
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.KeyFinished, info.Status)
+	require.Nil(t, info.NextAttemptAt, "the finish clears the mark")
+	info, err = b.runner.Inspect(b.ctx, "u", "done")
+	require.NoError(t, err)
+	require.Nil(t, info.NextAttemptAt, "a finished key is never marked")
+	var after, created time.Time
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT created_before FROM atomicphase_sweep_watermark`).Scan(&after))
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT created_at FROM idempotency_keys WHERE idempotency_key = 'dead'`).Scan(&created))
+	require.True(t, after.After(before) && after.After(created), "the watermark moved past the key")
+}
