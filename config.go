@@ -107,7 +107,11 @@ type Config struct {
 	// parked ones included: a defence against a caller spraying keys by the
 	// thousand, or minting parked keys with requests that fail for good. It
 	// costs a count on the scope's unfinished keys for each new key, so it
-	// is checked only when set. Defaults to 0 (no limit).
+	// is checked only when set, and it counts with an index the default
+	// schema leaves out (every finish would write an entry in it): build
+	// it with MigrateOpts.ScopeCap (atomicphase migrate --scope-cap);
+	// CheckSchema refuses a Runner with a cap until it exists. Defaults to
+	// 0 (no limit).
 	MaxUnfinishedPerScope int
 
 	// Observer is told of every decision the Runner and its Sweeper make,

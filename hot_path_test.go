@@ -103,3 +103,39 @@ func TestSweepFindsADeadKeyAsItsWatermarkPasses(t *testing.T) {
 	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT created_at FROM idempotency_keys WHERE idempotency_key = 'dead'`).Scan(&created))
 	require.True(t, after.After(before) && after.After(created), "the watermark moved past the key")
 }
+
+// The per-scope cap counts with an index of its own, which the default
+// schema leaves out (every finish would write an entry in it): a Runner
+// with a cap refuses to start without it, and MigrateOpts.ScopeCap builds
+// it, after which the count reads it.
+func TestScopeCapNeedsItsIndex(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &atomicphase.Config{MaxUnfinishedPerScope: 3})
+	err := b.runner.CheckSchema(b.ctx)
+	require.ErrorIs(t, err, atomicphase.ErrSchemaMissing)
+	require.ErrorContains(t, err, "idempotency_keys_unfinished_idx")
+	require.ErrorContains(t, err, "MigrateOpts.ScopeCap")
+
+	uncapped, err := atomicphase.NewRunner(b.db.Pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, uncapped.CheckSchema(b.ctx), "a Runner without a cap needs no such index")
+
+	applied, err := atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{ScopeCap: true})
+	require.NoError(t, err)
+	require.Empty(t, applied)
+	require.NoError(t, b.runner.CheckSchema(b.ctx))
+	_, err = atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{ScopeCap: true})
+	require.NoError(t, err, "building it again is a no-op")
+
+	_, err = b.db.Pool.Exec(b.ctx, `
+		INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state,
+		                              recovery_point, response_status, finished_at)
+		SELECT 's' || (i % 50), 'k' || i, 'w', '\x00', 'POST', '/', '{}', 'finished', 200, now() FROM generate_series(1, 20000) i;
+		ANALYZE idempotency_keys`)
+	require.NoError(t, err)
+	var plan string
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `EXPLAIN (FORMAT JSON)
+		SELECT count(*) FROM (SELECT 1 FROM idempotency_keys u
+		                      WHERE u.scope = 's1' AND u.response_status IS NULL AND u.parked_at IS NULL LIMIT 3) AS capped`).Scan(&plan))
+	require.Contains(t, plan, "idempotency_keys_unfinished_idx", "the cap's count reads its index, not the scope's finished keys")
+}

@@ -46,6 +46,19 @@ type MigrateOpts struct {
 	// migration may recreate a function. The citus extension must be
 	// created, and the workers registered, first. Defaults to false.
 	Citus bool
+
+	// ScopeCap builds, once the migrations are applied, the index that
+	// Config.MaxUnfinishedPerScope counts a scope's unfinished keys with
+	// (keystore's idempotency_keys_unfinished_idx, concurrently, so no
+	// write waits for it). Set it where any process caps scopes: without
+	// the index the count reads every key a scope keeps, finished ones
+	// included, and CheckSchema refuses a Runner with a cap. It is not
+	// part of the default schema because every request pays for it: its
+	// predicate reads the response status, so each finish writes an entry
+	// in it instead of a HOT update (docs/operations.md). Like the
+	// migrations, it needs db to be a *pgxpool.Pool or a *pgx.Conn.
+	// Defaults to false; false never drops an index built before.
+	ScopeCap bool
 }
 
 func (o *MigrateOpts) schema() string {
@@ -134,7 +147,37 @@ func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error)
 			return applied, fmt.Errorf("atomicphase: distribute on Citus: %w", err)
 		}
 	}
+	if opts != nil && opts.ScopeCap {
+		if err := buildScopeCapIndex(ctx, db, opts.schema()); err != nil {
+			return applied, fmt.Errorf("atomicphase: build the scope cap's index: %w", err)
+		}
+	}
 	return applied, nil
+}
+
+// buildScopeCapIndex builds the index MigrateOpts.ScopeCap asks for, under
+// the migration lock, dropping a build an interrupted run left invalid.
+func buildScopeCapIndex(ctx context.Context, db Beginner, schema string) error {
+	conn, release, err := sessionConn(ctx, db)
+	if err != nil && !errors.Is(err, errNoSession) {
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("it is built concurrently, which PostgreSQL cannot do inside a transaction: "+
+			"pass Migrate a *pgxpool.Pool or a *pgx.Conn, not a %T", db)
+	}
+	defer release()
+	unlock, err := lockSession(ctx, conn)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	stmt := keystore.ScopeCapIndexSQL(schema)
+	if err := dropInvalidIndex(ctx, conn, schema, stmt); err != nil {
+		return err
+	}
+	_, err = conn.Exec(ctx, stmt)
+	return err
 }
 
 // applyAll applies the migrations the ledger in schema lacks, in order,
@@ -356,6 +399,17 @@ func (r *Runner) CheckSchema(ctx context.Context) error {
 	if len(missing) > 0 {
 		return fmt.Errorf("%w: missing %s; run atomicphase.Migrate (or apply schema.sql)%s",
 			ErrSchemaMissing, strings.Join(missing, ", "), schemaHint(r.cfg.Schema))
+	}
+	if r.cfg.MaxUnfinishedPerScope > 0 {
+		noIndex, err := r.store.MissingScopeCapIndex(ctx, r.pool)
+		if err != nil {
+			return storeError("check schema", err)
+		}
+		if noIndex {
+			return fmt.Errorf("%w: missing %s, which Config.MaxUnfinishedPerScope counts with; "+
+				"run atomicphase.Migrate with MigrateOpts.ScopeCap (atomicphase migrate --scope-cap)%s",
+				ErrSchemaMissing, keystore.ScopeCapIndex, schemaHint(r.cfg.Schema))
+		}
 	}
 	return r.checkExecMode(ctx)
 }

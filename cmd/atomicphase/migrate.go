@@ -11,7 +11,7 @@ import (
 )
 
 func (c *cli) migrateCmd() *cobra.Command {
-	var citus bool
+	var citus, scopeCap bool
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Apply the schema migrations the database does not have yet",
@@ -27,16 +27,22 @@ or the files in migration/ of the library.
 
 With --citus, on a Citus coordinator, it then distributes the key table by
 scope and the functions by their scope argument, colocated with it (the
-library's docs/scale.md): run it so after every upgrade.`),
+library's docs/scale.md): run it so after every upgrade.
+
+With --scope-cap it also builds the index a service's
+Config.MaxUnfinishedPerScope counts with (concurrently: no write waits).
+Without it a Runner with a cap fails its CheckSchema; a request that
+succeeds first time writes one more index entry with it.`),
 		Example: examples(
 			`atomicphase migrate`,
 			`atomicphase migrate --schema keys --database-url postgres://app@db:5432/app`,
 			`atomicphase migrate --citus`,
+			`atomicphase migrate --scope-cap`,
 		),
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return c.withPool(cmd.Context(), func(pool *pgxpool.Pool) error {
-				opts := &atomicphase.MigrateOpts{Schema: c.schema, Citus: citus}
+				opts := &atomicphase.MigrateOpts{Schema: c.schema, Citus: citus, ScopeCap: scopeCap}
 				names := map[int]string{}
 				latest := 0
 				migrations, err := atomicphase.Migrations(opts)
@@ -61,10 +67,14 @@ library's docs/scale.md): run it so after every upgrade.`),
 				if citus {
 					fmt.Fprintln(c.stdout, "distributed on Citus by scope")
 				}
+				if scopeCap {
+					fmt.Fprintln(c.stdout, "the scope cap's index is built")
+				}
 				return nil
 			})
 		},
 	}
 	cmd.Flags().BoolVar(&citus, "citus", false, "on a Citus coordinator, also distribute the key table and the functions by scope")
+	cmd.Flags().BoolVar(&scopeCap, "scope-cap", false, "also build the index Config.MaxUnfinishedPerScope counts with")
 	return cmd
 }

@@ -201,6 +201,9 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "\nall %d measurements verified: one ride, one charge (database and payment API) and one outbox row per answered request; no unfinished key\n", cells)
 	rs.print(out, o.clients, b.designs)
+	if err := printHOT(ctx, out, b); err != nil {
+		return err
+	}
 
 	if o.cpuprofile != "" || o.memprofile != "" || o.pgss {
 		if err := diagnose(ctx, out, b, o); err != nil {

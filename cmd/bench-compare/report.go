@@ -228,3 +228,31 @@ func walTop(ctx context.Context, out io.Writer, admin *pgxpool.Pool, start strin
 	fmt.Fprintf(out, "  WAL, all records: %.0f B of records and %.0f B of full-page images per request\n", recTotal/req, fpiTotal/req)
 	return nil
 }
+
+// printHOT prints the share of each design's key-table updates that were
+// HOT (heap-only: the new row version stays on its page and no index gets
+// an entry), over the whole run, from pg_stat_user_tables. A finish that
+// changes an indexed column, or no longer fits on its page, is not. The
+// server publishes a backend's counts within a second or so of its
+// transactions, so the last moments of the run may be missing.
+func printHOT(ctx context.Context, out io.Writer, b *bench) error {
+	fmt.Fprintf(out, "\nkey-table updates that were HOT, whole run (pg_stat_user_tables n_tup_hot_upd / n_tup_upd)\n")
+	for _, t := range []struct{ design, table string }{
+		{"(a) hand-written pgx", "hw_idempotency_keys"}, {"(b) atomicphase", "idempotency_keys"},
+	} {
+		var upd, hot int64
+		var indexes int
+		err := b.admin.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd,
+			(SELECT count(*) FROM pg_index WHERE indrelid = relid)::int
+			FROM pg_stat_user_tables WHERE relname = $1`, t.table).Scan(&upd, &hot, &indexes)
+		if err != nil {
+			return fmt.Errorf("the update counts of %s: %w", t.table, err)
+		}
+		share := 0.0
+		if upd > 0 {
+			share = 100 * float64(hot) / float64(upd)
+		}
+		fmt.Fprintf(out, "%-24s %5.1f%% of %d updates (%s, %d indexes)\n", t.design, share, upd, t.table, indexes)
+	}
+	return nil
+}

@@ -41,6 +41,32 @@ var schemaObjects = []struct{ kind, name string }{
 	{"function", "atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer, bigint, text)"},
 	{"function", "atomicphase_claim(text, text)"},
 	{"function", "atomicphase_record_unit(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)"},
+	{"table", "atomicphase_sweep_watermark"},
+	{"index", "idempotency_keys_waiting_idx"},
+	{"index", "idempotency_keys_parked_idx"},
+}
+
+// ScopeCapIndex is the index the per-scope cap on unfinished keys counts
+// with (Config.MaxUnfinishedPerScope): not part of the schema every
+// request pays for, since its predicate reads the response status and a
+// finish would then write an entry in it (no HOT update). Built by
+// ScopeCapIndexSQL, when the cap is used.
+const ScopeCapIndex = "idempotency_keys_unfinished_idx"
+
+// scopeCapIndexSQL builds ScopeCapIndex, concurrently (outside a
+// transaction).
+const scopeCapIndexSQL = `CREATE INDEX CONCURRENTLY IF NOT EXISTS idempotency_keys_unfinished_idx
+    ON /* TEMPLATE: schema */idempotency_keys (scope) WHERE response_status IS NULL`
+
+// ScopeCapIndexSQL is the statement that builds ScopeCapIndex in schema.
+func ScopeCapIndexSQL(schema string) string { return Render(scopeCapIndexSQL, schema) }
+
+// MissingScopeCapIndex reports whether the Store's schema lacks a valid
+// ScopeCapIndex.
+func (s *Store) MissingScopeCapIndex(ctx context.Context, db DB) (bool, error) {
+	var missing []string
+	err := db.QueryRow(ctx, checkSchemaSQL, []string{"index"}, []string{Qualifier(s.schema) + ScopeCapIndex}).Scan(&missing)
+	return len(missing) > 0, err
 }
 
 const checkSchemaSQL = `
@@ -48,6 +74,7 @@ SELECT coalesce(array_agg(o.name ORDER BY o.ord), '{}')
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS o(kind, name, ord)
 WHERE CASE o.kind
         WHEN 'table' THEN to_regclass(o.name) IS NULL
+        WHEN 'index' THEN NOT EXISTS (SELECT FROM pg_index WHERE indexrelid = to_regclass(o.name) AND indisvalid)
         WHEN 'column' THEN NOT EXISTS (
             SELECT FROM pg_attribute
             WHERE attrelid = to_regclass(substring(o.name FROM '^(.*)\.[^.]*$'))
