@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -128,8 +129,15 @@ func runKeyModel(t *testing.T, seed uint64, steps int) {
 		case "sweep":
 			_, _ = sweeper.RunOnce(b.ctx)
 		case "time":
-			require.NoError(t, atomicphasetest.AgeLocks(b.ctx, b.db.Pool, time.Hour))
-			require.NoError(t, keystore.AgeBackoffs(b.ctx, b.db.Pool, ""))
+			if rng.IntN(2) == 0 {
+				require.NoError(t, atomicphasetest.AgeLocks(b.ctx, b.db.Pool, time.Hour))
+				require.NoError(t, keystore.AgeBackoffs(b.ctx, b.db.Pool, ""))
+			} else {
+				// An hour passes for every time stored, the sweep's
+				// watermark included, and nothing is marked: a key that
+				// never went wrong is for the watermark to find.
+				shiftTimes(t, b, time.Hour)
+			}
 		case "unpark":
 			_ = b.runner.Unpark(b.ctx, "driver_1", "k")
 		case "verdict":
@@ -150,6 +158,17 @@ func runKeyModel(t *testing.T, seed uint64, steps int) {
 			require.NoError(t, err)
 		}
 		to, next := status()
+		// Every unfinished key is in the console's reading of them (the
+		// keys that went wrong, the parked, those since the watermark).
+		var unfinished int64
+		require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM idempotency_keys WHERE response_status IS NULL`).Scan(&unfinished))
+		levels, err := b.runner.KeyLevels(b.ctx, nil)
+		require.NoError(t, err)
+		var seen int64
+		for _, l := range levels {
+			seen += l.Count
+		}
+		require.Equal(t, unfinished, seen, "step %d (%s): the levels count every unfinished key; trace:\n%v", i, op, trace)
 		trace = append(trace, fmt.Sprintf("%s: %s -> %s", op, from, to))
 		require.True(t, atomicphase.KeyTransitionAllowed(op, from, to),
 			"step %d (%s) moved the key %s -> %s, which the table does not allow; trace:\n%v", i, op, from, to, trace)
@@ -174,4 +193,21 @@ func runKeyModel(t *testing.T, seed uint64, steps int) {
 	for ref, ids := range bk.payouts {
 		require.Len(t, ids, 1, "paid once under %s; trace:\n%v", ref, trace)
 	}
+}
+
+// shiftTimes moves every time the key table and the sweep's watermark keep
+// back by d: the passage of d, for every clock reading at once. (Shifted in
+// UTC with immutable operators, as atomicphasetest.AgeLocks does.)
+func shiftTimes(t *testing.T, b *testBundle, d time.Duration) {
+	t.Helper()
+	var set []string
+	for _, col := range []string{"created_at", "updated_at", "locked_at", "call_until", "next_attempt_at", "parked_at",
+		"final_parked_at", "unknown_at", "called_at", "finished_at", "resolved_at"} {
+		set = append(set, fmt.Sprintf("%[1]s = (%[1]s AT TIME ZONE 'UTC' - $1::bigint * interval '1 microsecond') AT TIME ZONE 'UTC'", col))
+	}
+	_, err := b.db.Pool.Exec(b.ctx, "UPDATE idempotency_keys SET "+strings.Join(set, ", "), d.Microseconds())
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(b.ctx, `UPDATE atomicphase_sweep_watermark
+		SET created_before = (created_before AT TIME ZONE 'UTC' - $1::bigint * interval '1 microsecond') AT TIME ZONE 'UTC'`, d.Microseconds())
+	require.NoError(t, err)
 }

@@ -20,8 +20,8 @@ import (
 
 // The console's cost on a large key table: ATOMICPHASE_BENCH_KEYS keys
 // (default 100 000; the docs quote 1 000 000), 99% finished and 1%
-// unfinished (parked, unknown, abandoned), over 1 000 scopes and three
-// workflows, created a second apart. Each benchmark is one page view,
+// unfinished (parked, unknown, abandoned: each went wrong, or is parked),
+// over 1 000 scopes and three workflows, created a second apart. Each benchmark is one page view,
 // rendered in full.
 //
 //	ATOMICPHASE_BENCH_KEYS=1000000 go test -run '^$' -bench . -benchtime 50x ./apui
@@ -38,7 +38,7 @@ func benchConsole(b *testing.B) (*httptest.Server, string) {
 	_, err := db.Pool.Exec(ctx, `
 INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path,
     recovery_point, state, response_status, response_header, response_body, created_at, updated_at, finished_at,
-    parked_at, unknown_at, last_error)
+    parked_at, unknown_at, last_error, next_attempt_at)
 SELECT 'tenant_' || (i % 1000), 'key-' || i, (ARRAY['checkout','payout','refund'])[1 + i % 3], '\x00'::bytea, 'POST', '/rides',
     CASE WHEN i % 100 = 0 THEN 'started' ELSE 'finished' END, '{"amount": 1200}',
     CASE WHEN i % 100 = 0 THEN NULL ELSE 201 END,
@@ -46,7 +46,9 @@ SELECT 'tenant_' || (i % 1000), 'key-' || i, (ARRAY['checkout','payout','refund'
     CASE WHEN i % 100 = 0 THEN NULL ELSE '{"id": 1}'::bytea END,
     t, t, CASE WHEN i % 100 = 0 THEN NULL ELSE t END,
     CASE WHEN i % 400 = 0 THEN t END, CASE WHEN i % 400 = 100 THEN t END,
-    CASE WHEN i % 100 = 0 THEN 'phase "charge": card declined' END
+    CASE WHEN i % 100 = 0 THEN 'phase "charge": card declined' END,
+    -- an unfinished key that failed, or that the sweep's watermark passed, is due
+    CASE WHEN i % 100 = 0 AND i % 400 <> 0 THEN t END
 FROM generate_series(1, $1::int) AS i, LATERAL (SELECT now() - ($1::int - i) * interval '1 second' AS t) AS c`, n)
 	require.NoError(b, err)
 	_, err = db.Pool.Exec(ctx, `ANALYZE idempotency_keys`)

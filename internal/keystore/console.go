@@ -23,12 +23,32 @@ type Level struct {
 	Oldest   time.Time
 }
 
+// unfinishedKeys is the key table's unfinished keys, read with no index on
+// all of them (one would cost every request an entry, and its finish the
+// HOT update): the keys that went wrong (next_attempt_at set: the index of
+// keys the sweep reads), the parked ones not among them (the index of
+// parked keys), and the keys created since the sweep's watermark that
+// neither went wrong nor parked (the index on created_at): a key created
+// before the watermark is marked when still unfinished (sweep.go). Each
+// unfinished key is in one of the three, once.
+const unfinishedKeys = `(
+    SELECT * FROM /* TEMPLATE: schema */idempotency_keys
+    WHERE response_status IS NULL AND next_attempt_at IS NOT NULL
+    UNION ALL
+    SELECT * FROM /* TEMPLATE: schema */idempotency_keys
+    WHERE response_status IS NULL AND next_attempt_at IS NULL AND parked_at IS NOT NULL
+    UNION ALL
+    SELECT * FROM /* TEMPLATE: schema */idempotency_keys
+    WHERE response_status IS NULL AND next_attempt_at IS NULL AND parked_at IS NULL
+      AND created_at >= coalesce((SELECT created_before FROM /* TEMPLATE: schema */atomicphase_sweep_watermark
+                                  WHERE name = 'abandoned'), '-infinity'))`
+
 // levelsSQL counts the unfinished keys by workflow and status ($1 and $2
 // narrow it to a workflow and a scope; $3 is the lock timeout in µs).
 const levelsSQL = `SELECT workflow, status, count(*)::bigint AS count, min(created_at) AS oldest FROM (
     SELECT workflow, created_at, ` + statusSQL + ` AS status
-    FROM /* TEMPLATE: schema */idempotency_keys
-    WHERE response_status IS NULL AND ($1::text = '' OR workflow = $1::text) AND ($2::text = '' OR scope = $2::text)) AS k
+    FROM ` + unfinishedKeys + ` AS u
+    WHERE ($1::text = '' OR workflow = $1::text) AND ($2::text = '' OR scope = $2::text)) AS k
 GROUP BY workflow, status
 ORDER BY workflow, status`
 
@@ -55,11 +75,16 @@ func (s *Store) Estimate(ctx context.Context, db DB) (int64, error) {
 
 // recentTroubleSQL lists the unfinished keys most recently parked or left
 // with an unknown outcome, newest first, as a list shows them
-// (pageColumns).
+// (pageColumns): each went wrong or is parked (unfinishedKeys' first two
+// parts; an unknown outcome's release sets the key's next attempt).
 const recentTroubleSQL = `SELECT ` + briefColumns + `
-FROM /* TEMPLATE: schema */idempotency_keys
-WHERE response_status IS NULL AND (parked_at IS NOT NULL OR unknown_at IS NOT NULL)
-  AND ($1::text = '' OR workflow = $1::text) AND ($2::text = '' OR scope = $2::text)
+FROM (
+    SELECT * FROM /* TEMPLATE: schema */idempotency_keys
+    WHERE response_status IS NULL AND next_attempt_at IS NOT NULL AND (parked_at IS NOT NULL OR unknown_at IS NOT NULL)
+    UNION ALL
+    SELECT * FROM /* TEMPLATE: schema */idempotency_keys
+    WHERE response_status IS NULL AND next_attempt_at IS NULL AND parked_at IS NOT NULL) AS u
+WHERE ($1::text = '' OR workflow = $1::text) AND ($2::text = '' OR scope = $2::text)
 ORDER BY greatest(parked_at, unknown_at) DESC
 LIMIT $4::integer`
 
@@ -110,12 +135,10 @@ WHERE ($5::text = '' OR k.status = $5::text)
 ORDER BY created_at, scope, key
 LIMIT $6::integer`
 
-// pageUnfinishedSQL is pageSQL for an unfinished status: the literal
-// response_status IS NULL lets the planner use what it knows of the
-// unfinished keys (the partial indexes on them, their share of the table).
+// pageUnfinishedSQL is pageSQL for an unfinished status: it reads the
+// unfinished keys only (unfinishedKeys), not the table.
 const pageUnfinishedSQL = `SELECT * FROM (SELECT ` + pageColumns + `
-    FROM /* TEMPLATE: schema */idempotency_keys` + pageWhere + `
-      AND response_status IS NULL
+    FROM ` + unfinishedKeys + ` AS u` + pageWhere + `
     ORDER BY created_at, scope, idempotency_key) AS k
 WHERE ($5::text = '' OR k.status = $5::text)
 ORDER BY created_at, scope, key

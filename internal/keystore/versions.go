@@ -38,8 +38,8 @@ var ErrVersionShape = errors.New("another process recorded this workflow version
 // distributed key table, and runs only when a version's name is claimed
 // by another phase list.
 const versionDrainedSQL = `
-SELECT NOT EXISTS (SELECT 1 FROM /* TEMPLATE: schema */idempotency_keys
-                   WHERE workflow = $1::text AND workflow_version = $2::text AND response_status IS NULL)`
+SELECT NOT EXISTS (SELECT 1 FROM ` + unfinishedKeys + ` AS u
+                   WHERE workflow = $1::text AND workflow_version = $2::text)`
 
 // reclaimVersionSQL gives a version's name to another phase list, when no
 // process has recorded the version within the horizon (checked again here,
@@ -176,8 +176,7 @@ WITH keys AS (
            (count(*) FILTER (WHERE parked_at IS NOT NULL))::int AS parked,
            (count(*) FILTER (WHERE unknown_at IS NOT NULL))::int AS unknown,
            min(created_at) AS oldest
-    FROM /* TEMPLATE: schema */idempotency_keys
-    WHERE response_status IS NULL
+    FROM ` + unfinishedKeys + ` AS u
     GROUP BY 1, 2)
 SELECT coalesce(k.workflow, v.workflow), coalesce(k.version, v.version),
        coalesce(v.phases, '{}'), v.registered_at, v.seen_at,

@@ -34,8 +34,14 @@ const previousRelease = "1c64a1cdea0e9abdd4dee47c49d378c120eedf91"
 // skipped are the previous release's tests that check the schema itself
 // (what Migrate applies, what CheckSchema finds on an empty database):
 // here every database starts with this version's schema, so they would
-// test the setup, not the upgrade.
-const skipped = `^(TestMigrate.*|TestMigrationsGoDownAndUpAgain|TestLaterMigrationsGoDownAndUpAgain|TestCheckSchema.*|TestUnmigratedDatabaseIsSchemaMissing|TestSchema.*|TestConfigSchema.*|TestMigrationsRenderTheSchema|ExampleMigrate)$`
+// test the setup, not the upgrade. TestMigration.* runs the previous
+// release's down migrations, which know nothing of the indexes this one's
+// migrations replaced. And TestRecordResolutionByHand reads how a verdict
+// stores "due at once" (next_attempt_at NULL then, the present since
+// migration 016, so that the sweep reads the key from the index of keys
+// that went wrong): a representation, not a behaviour, which the
+// previous release's sweep reads either way.
+const skipped = `^(TestMigrate.*|TestMigration.*|TestRecordResolutionByHand|TestMigrationsGoDownAndUpAgain|TestLaterMigrationsGoDownAndUpAgain|TestCheckSchema.*|TestUnmigratedDatabaseIsSchemaMissing|TestSchema.*|TestConfigSchema.*|TestMigrationsRenderTheSchema|ExampleMigrate)$`
 
 func TestPreviousReleaseRunsOnThisSchema(t *testing.T) {
 	if os.Getenv("ATOMICPHASE_TEST_PREVIOUS_RELEASE") == "" {
