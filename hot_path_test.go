@@ -139,3 +139,33 @@ func TestScopeCapNeedsItsIndex(t *testing.T) {
 		                      WHERE u.scope = 's1' AND u.response_status IS NULL AND u.parked_at IS NULL LIMIT 3) AS capped`).Scan(&plan))
 	require.Contains(t, plan, "idempotency_keys_unfinished_idx", "the cap's count reads its index, not the scope's finished keys")
 }
+
+// An upgrade in two steps: to MinVersion while the previous release
+// serves (its indexes stay, and this release's Runner starts), then to
+// the end, which drops what only the previous release read.
+func TestMigrateToMinVersionThenContract(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t, unmigratedDBOpts, nil)
+	applied, err := atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{TargetVersion: atomicphase.MinVersion})
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.MinVersion, applied[len(applied)-1])
+	require.NoError(t, b.runner.CheckSchema(b.ctx), "this release runs on MinVersion")
+	indexExists := func(name string) bool {
+		var ok bool
+		require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&ok))
+		return ok
+	}
+	require.True(t, indexExists("idempotency_keys_due_idx"), "the previous release's sweep still reads its index")
+	var c counters
+	_, err = b.runner.Run(b.ctx, orderWorkflow(t, &c, hooks{}), orderRequest("u", "k"))
+	require.NoError(t, err)
+
+	applied, err = atomicphase.Migrate(b.ctx, b.db.Pool, nil)
+	require.NoError(t, err)
+	require.Equal(t, []int{atomicphase.MinVersion + 1}, applied)
+	require.False(t, indexExists("idempotency_keys_due_idx"))
+	require.NoError(t, b.runner.CheckSchema(b.ctx))
+
+	_, err = atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{TargetVersion: 99})
+	require.ErrorContains(t, err, "MigrateOpts.TargetVersion is 99")
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -59,7 +60,21 @@ type MigrateOpts struct {
 	// migrations, it needs db to be a *pgxpool.Pool or a *pgx.Conn.
 	// Defaults to false; false never drops an index built before.
 	ScopeCap bool
+
+	// TargetVersion, when positive, stops after that migration: the ones
+	// after it are left for a later run. For an upgrade that needs no stop
+	// (docs/operations.md, "Upgrades"): migrate to the version the new
+	// release needs (MinVersion) while the previous release's processes
+	// serve, roll out, then migrate without it to apply the contract steps
+	// that remove what only the previous release read. Defaults to 0
+	// (every migration).
+	TargetVersion int
 }
+
+// MinVersion is the migration this version of the library needs the
+// database to have reached: CheckSchema refuses an older schema. The
+// migrations after it remove what only an older release reads.
+const MinVersion = 17
 
 func (o *MigrateOpts) schema() string {
 	if o == nil {
@@ -137,6 +152,13 @@ func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error)
 		if err := checkCitus(ctx, db); err != nil {
 			return nil, err
 		}
+	}
+	if opts != nil && opts.TargetVersion != 0 {
+		if opts.TargetVersion < 0 || opts.TargetVersion > migrations[len(migrations)-1].Version {
+			return nil, fmt.Errorf("atomicphase: MigrateOpts.TargetVersion is %d; want a migration's version, 1 to %d, or 0 for all",
+				opts.TargetVersion, migrations[len(migrations)-1].Version)
+		}
+		migrations = slices.DeleteFunc(migrations, func(m Migration) bool { return m.Version > opts.TargetVersion })
 	}
 	applied, err := applyAll(ctx, db, opts.schema(), migrations)
 	if err != nil {

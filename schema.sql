@@ -1985,25 +1985,34 @@ $$;
 
 -- atomicphase:no-transaction
 -- A request that succeeds first time writes two index entries (the primary
--- key and created_at) and finishes with a HOT update. The indexes whose
--- predicates read response_status, or whose key is finished_at, made every
--- finish write a new entry in each index: they go. The sweep reads the
--- keys that went wrong (next_attempt_at set, migration 016) and the parked
--- keys, each from a partial index whose predicate reads only its own
--- column, which a finish never changes; the reaper reads finished keys in
--- creation order (created_at). Built and dropped concurrently, outside a
--- transaction, so that no write to the key table waits; Migrate drops a
--- build an interrupted run left invalid and builds it again.
+-- key and created_at) and finishes with a HOT update, once migration 018
+-- drops the indexes whose predicates read response_status, or whose key is
+-- finished_at (each made every finish write a new entry in it). Here, the
+-- indexes that take their place: the sweep reads the keys that went wrong
+-- (next_attempt_at set, migration 016) and the parked keys, each from a
+-- partial index whose predicate reads only its own column, which a finish
+-- never changes; the reaper reads finished keys in creation order
+-- (created_at). Built concurrently, outside a transaction, so that no
+-- write to the key table waits; Migrate drops a build an interrupted run
+-- left invalid and builds it again.
 CREATE INDEX CONCURRENTLY IF NOT EXISTS idempotency_keys_waiting_idx ON idempotency_keys (next_attempt_at)
     WHERE next_attempt_at IS NOT NULL;
 CREATE INDEX CONCURRENTLY IF NOT EXISTS idempotency_keys_parked_idx ON idempotency_keys (parked_at)
     WHERE parked_at IS NOT NULL;
+-- Room on each page for a key's finish to stay on it (a HOT update needs
+-- its new version on the old one's page). It applies to pages written
+-- from now on.
+ALTER TABLE idempotency_keys SET (fillfactor = 70);
+
+-- atomicphase:no-transaction
+-- The contract step of migrations 016 and 017: the indexes every request
+-- paid for go, concurrently (no write waits). The previous release's
+-- sweep, console and scope cap read them: apply this migration once no
+-- process of that release is left (MigrateOpts.TargetVersion 17 during the
+-- rollout, docs/operations.md, "Upgrades"); before that, they work, each
+-- reading the table instead.
 DROP INDEX CONCURRENTLY IF EXISTS idempotency_keys_due_idx;
 DROP INDEX CONCURRENTLY IF EXISTS idempotency_keys_unfinished_scope_idx;
 DROP INDEX CONCURRENTLY IF EXISTS idempotency_keys_finished_at_idx;
 DROP INDEX CONCURRENTLY IF EXISTS idempotency_keys_parked_scope_idx;
 DROP INDEX CONCURRENTLY IF EXISTS idempotency_keys_parked_at_idx;
--- Room on each page for a key's finish to stay on it (a HOT update needs
--- its new version on the old one's page). It applies to pages written
--- from now on.
-ALTER TABLE idempotency_keys SET (fillfactor = 70);

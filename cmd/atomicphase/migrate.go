@@ -12,6 +12,7 @@ import (
 
 func (c *cli) migrateCmd() *cobra.Command {
 	var citus, scopeCap bool
+	var to int
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Apply the schema migrations the database does not have yet",
@@ -32,17 +33,24 @@ library's docs/scale.md): run it so after every upgrade.
 With --scope-cap it also builds the index a service's
 Config.MaxUnfinishedPerScope counts with (concurrently: no write waits).
 Without it a Runner with a cap fails its CheckSchema; a request that
-succeeds first time writes one more index entry with it.`),
+succeeds first time writes one more index entry with it.
+
+With --to N it stops after migration N, leaving the later ones for a later
+run: during an upgrade, migrate to the version the new release needs
+(atomicphase.MinVersion) while the previous release serves, roll the new
+one out, then run migrate again for the steps that remove what only the
+previous release read.`),
 		Example: examples(
 			`atomicphase migrate`,
 			`atomicphase migrate --schema keys --database-url postgres://app@db:5432/app`,
 			`atomicphase migrate --citus`,
 			`atomicphase migrate --scope-cap`,
+			`atomicphase migrate --to 17`,
 		),
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return c.withPool(cmd.Context(), func(pool *pgxpool.Pool) error {
-				opts := &atomicphase.MigrateOpts{Schema: c.schema, Citus: citus, ScopeCap: scopeCap}
+				opts := &atomicphase.MigrateOpts{Schema: c.schema, Citus: citus, ScopeCap: scopeCap, TargetVersion: to}
 				names := map[int]string{}
 				latest := 0
 				migrations, err := atomicphase.Migrations(opts)
@@ -50,7 +58,9 @@ succeeds first time writes one more index entry with it.`),
 					return &usageError{fmt.Errorf("--schema: %w", err)}
 				}
 				for _, m := range migrations {
-					names[m.Version], latest = m.Name, m.Version
+					if to == 0 || m.Version <= to {
+						names[m.Version], latest = m.Name, m.Version
+					}
 				}
 				applied, err := atomicphase.Migrate(cmd.Context(), pool, opts)
 				for _, v := range applied {
@@ -76,5 +86,6 @@ succeeds first time writes one more index entry with it.`),
 	}
 	cmd.Flags().BoolVar(&citus, "citus", false, "on a Citus coordinator, also distribute the key table and the functions by scope")
 	cmd.Flags().BoolVar(&scopeCap, "scope-cap", false, "also build the index Config.MaxUnfinishedPerScope counts with")
+	cmd.Flags().IntVar(&to, "to", 0, "stop after migration `N` (0: apply every migration)")
 	return cmd
 }
