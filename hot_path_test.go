@@ -1,10 +1,13 @@
 package atomicphase_test
 
 import (
+	"context"
+	"fmt"
 	"regexp"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/atomicphase/atomicphase"
@@ -168,4 +171,93 @@ func TestMigrateToMinVersionThenContract(t *testing.T) {
 
 	_, err = atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{TargetVersion: 99})
 	require.ErrorContains(t, err, "MigrateOpts.TargetVersion is 99")
+}
+
+// An upgrade carries keys in every state: made on the schema of the
+// previous release (migration 015), then migrated, they are found and
+// finished by the sweep (a crashed one, one waiting out its backoff, one
+// whose payout's outcome was unknown), the parked one stays parked and
+// unsettled, the finished one replays, the console counts every
+// unfinished one, and the bank pays each request once.
+func TestUpgradeCarriesKeysInEveryState(t *testing.T) {
+	t.Parallel()
+	var faults modelFaults
+	faults.set("", false)
+	b := setupDB(t, unmigratedDBOpts, &atomicphase.Config{CallGrace: time.Nanosecond, MaxAttempts: 5,
+		FaultInjector: atomicphase.FaultInjectorFunc(func(_ context.Context, at atomicphase.FaultPoint, _ *pgx.Conn) error {
+			if c, _ := faults.crashAt.Load().(string); c != "" && c == at.Phase+"/"+string(at.Place) {
+				faults.crashAt.Store("")
+				return fmt.Errorf("killed: %w", atomicphase.ErrCrashed)
+			}
+			return nil
+		})})
+	_, err := atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{TargetVersion: 15})
+	require.NoError(t, err)
+	bk := newBank()
+	wf := modelWorkflow(bk, &faults)
+	run := func(key, crashAt string, permanent bool, bankFails ...string) error {
+		faults.set(crashAt, permanent)
+		bk.mu.Lock()
+		bk.fail = bankFails
+		bk.mu.Unlock()
+		_, err := b.runner.Run(b.ctx, wf, payoutRequest(key))
+		faults.set("", false)
+		return err
+	}
+	require.NoError(t, run("finished", "", false))
+	require.ErrorIs(t, run("running", "pay/"+string(atomicphase.AfterForeign), false), atomicphase.ErrCrashed)
+	faults.transient.Store(true)
+	require.Error(t, run("waiting", "", false))
+	faults.transient.Store(false)
+	bk.lookupDown.Store(1000)
+	require.ErrorIs(t, run("unknown", "", false, "act-then-lose"), atomicphase.ErrOutcomeUnknown)
+	bk.lookupDown.Store(0)
+	require.ErrorIs(t, run("parked", "", true), atomicphase.ErrPermanent)
+	want := map[string]atomicphase.KeyStatus{"finished": atomicphase.KeyFinished, "running": atomicphase.KeyInProgress,
+		"waiting": atomicphase.KeyAbandoned, "unknown": atomicphase.KeyUnknown, "parked": atomicphase.KeyParked}
+	for key, status := range want {
+		info, err := b.runner.Inspect(b.ctx, "driver_1", key)
+		require.NoError(t, err)
+		require.Equal(t, status, info.Status, key)
+	}
+
+	// The keys are an hour old when the upgrade comes (leases, backoffs
+	// and the call's grace are over).
+	shiftTimes(t, b, time.Hour, false)
+	_, err = atomicphase.Migrate(b.ctx, b.db.Pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, b.runner.CheckSchema(b.ctx))
+	levels, err := b.runner.KeyLevels(b.ctx, nil)
+	require.NoError(t, err)
+	var unfinished int64
+	for _, l := range levels {
+		unfinished += l.Count
+	}
+	require.EqualValues(t, 4, unfinished, "the console counts every unfinished key: %+v", levels)
+
+	s := newSweeper(t, b, nil)
+	for range 3 {
+		_, err := s.RunOnce(b.ctx)
+		require.NoError(t, err)
+	}
+	for _, key := range []string{"running", "waiting", "unknown", "finished"} {
+		info, err := b.runner.Inspect(b.ctx, "driver_1", key)
+		require.NoError(t, err)
+		require.Equal(t, atomicphase.KeyFinished, info.Status, key)
+		require.Nil(t, info.NextAttemptAt, "%s: finished, the mark is gone", key)
+		resp, err := b.runner.Run(b.ctx, wf, payoutRequest(key))
+		require.NoError(t, err)
+		require.Equal(t, []byte("paid"), resp.Body, "%s replays", key)
+	}
+	info, err := b.runner.Inspect(b.ctx, "driver_1", "parked")
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.KeyParked, info.Status)
+	require.True(t, info.Unsettled, "it paid before its bug parked it")
+	require.ErrorIs(t, b.runner.Forget(b.ctx, "driver_1", "parked"), atomicphase.ErrOutcomeUnsettled)
+	bk.mu.Lock()
+	defer bk.mu.Unlock()
+	require.Len(t, bk.payouts, 5, "one reference per request")
+	for ref, ids := range bk.payouts {
+		require.Len(t, ids, 1, "paid once under %s", ref)
+	}
 }
