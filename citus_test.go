@@ -76,7 +76,8 @@ func TestMigrateDistributesOnCitus(t *testing.T) {
 		"atomicphase_record by p_scope, forced", "atomicphase_record by p_scope, forced", "atomicphase_record by p_scope, forced",
 		"atomicphase_record_resolution by p_scope", "atomicphase_record_unit by p_scope, forced",
 		"atomicphase_record_verdict by p_scope",
-		"atomicphase_release by p_scope", "atomicphase_release by p_scope", "atomicphase_renew by p_scope",
+		"atomicphase_release by p_scope", "atomicphase_release by p_scope", "atomicphase_release by p_scope",
+		"atomicphase_renew by p_scope",
 		"atomicphase_take by p_scope", "atomicphase_unpark by p_scope",
 	}
 	require.Equal(t, want, distribution(), "every function with a scope argument, colocated with the key table")

@@ -2,6 +2,7 @@ package atomicphase_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"testing"
@@ -260,4 +261,71 @@ func TestUpgradeCarriesKeysInEveryState(t *testing.T) {
 	for ref, ids := range bk.payouts {
 		require.Len(t, ids, 1, "paid once under %s", ref)
 	}
+}
+
+// A key's row is stamped before its transaction commits, and a commit can
+// wait (here on a deferred constraint another transaction holds): the
+// watermark must not pass a key that shows up after its time, or the
+// sweep never finds it once its process dies. It waits for the
+// transactions in progress when it planned its move.
+func TestWatermarkWaitsForAKeyCommittedLate(t *testing.T) {
+	t.Parallel()
+	const lockTimeout = 200 * time.Millisecond
+	b := setup(t, &atomicphase.Config{LockTimeout: lockTimeout, FaultInjector: crashOnce("charge", atomicphase.AfterForeign)})
+	_, err := b.db.Pool.Exec(b.ctx, `CREATE TABLE held (v int UNIQUE DEFERRABLE INITIALLY DEFERRED)`)
+	require.NoError(t, err)
+	other, err := b.db.Pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer other.Rollback(b.ctx) //nolint:errcheck // a no-op once rolled back
+	_, err = other.Exec(b.ctx, `INSERT INTO held VALUES (1)`)
+	require.NoError(t, err)
+
+	var c counters
+	wf := orderWorkflow(t, &c, hooks{afterCreate: func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO held VALUES (1)`)
+		return err
+	}})
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.runner.Run(b.ctx, wf, orderRequest("u", "late"))
+		done <- err
+	}()
+	var waitingSince time.Time
+	require.Eventually(t, func() bool {
+		err := b.db.Pool.QueryRow(b.ctx, `SELECT now() FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`).
+			Scan(&waitingSince)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			t.Log(err)
+		}
+		return err == nil
+	}, time.Minute, 5*time.Millisecond, "the first unit's commit waits")
+
+	// The sweep runs until a watermark one lock timeout behind the present
+	// would be past the moment the commit began to wait, which is after
+	// the key's row was stamped.
+	s := newSweeper(t, b, nil)
+	require.Eventually(t, func() bool {
+		_, err := s.RunOnce(b.ctx)
+		require.NoError(t, err)
+		var later bool
+		require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT now() - $2::bigint * interval '1 microsecond' > $1::timestamptz`,
+			waitingSince, 2*lockTimeout.Microseconds()).Scan(&later))
+		return later
+	}, time.Minute, 20*time.Millisecond)
+	for range 2 {
+		_, err = s.RunOnce(b.ctx)
+		require.NoError(t, err)
+	}
+	var passed time.Time
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT created_before FROM atomicphase_sweep_watermark`).Scan(&passed))
+	require.True(t, passed.Before(waitingSince), "the watermark waits for the transaction in progress")
+
+	require.NoError(t, other.Rollback(b.ctx))
+	require.ErrorIs(t, <-done, atomicphase.ErrCrashed, "the key commits, then its process dies after its call")
+	require.Eventually(t, func() bool {
+		res, err := s.RunOnce(b.ctx)
+		require.NoError(t, err)
+		return res.Completed == 1
+	}, time.Minute, 20*time.Millisecond, "the sweep finds the key and finishes it")
+	require.EqualValues(t, 1, c.create.Load())
 }

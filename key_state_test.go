@@ -216,6 +216,7 @@ func shiftTimes(t *testing.T, b *testBundle, d time.Duration, withWatermark bool
 		return
 	}
 	_, err = b.db.Pool.Exec(b.ctx, `UPDATE atomicphase_sweep_watermark
-		SET created_before = (created_before AT TIME ZONE 'UTC' - $1::bigint * interval '1 microsecond') AT TIME ZONE 'UTC'`, d.Microseconds())
+		SET created_before = (created_before AT TIME ZONE 'UTC' - $1::bigint * interval '1 microsecond') AT TIME ZONE 'UTC',
+		    pending_before = (pending_before AT TIME ZONE 'UTC' - $1::bigint * interval '1 microsecond') AT TIME ZONE 'UTC'`, d.Microseconds())
 	require.NoError(t, err)
 }

@@ -160,6 +160,23 @@ func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error)
 		}
 		migrations = slices.DeleteFunc(migrations, func(m Migration) bool { return m.Version > opts.TargetVersion })
 	}
+	if opts != nil && opts.ScopeCap {
+		// Before the migrations, on a key table that exists: the cap's
+		// count must not lose its index while a migration drops the one
+		// an older release built.
+		var exists bool
+		if q, ok := db.(execQuerier); ok {
+			if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`,
+				keystore.Qualifier(opts.schema())+keystore.Table).Scan(&exists); err != nil {
+				return nil, err
+			}
+		}
+		if exists {
+			if err := buildScopeCapIndex(ctx, db, opts.schema()); err != nil {
+				return nil, fmt.Errorf("atomicphase: build the scope cap's index: %w", err)
+			}
+		}
+	}
 	applied, err := applyAll(ctx, db, opts.schema(), migrations)
 	if err != nil {
 		return applied, err

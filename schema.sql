@@ -1741,14 +1741,20 @@ WHERE response_status IS NULL AND parked_at IS NOT NULL AND called_at IS NULL;
 -- What is left is the key that never failed and whose process died: the
 -- sweep finds it in creation order, behind a watermark. Every key created
 -- before atomicphase_sweep_watermark.created_before that is unfinished and
--- unparked carries next_attempt_at; the sweep moves the watermark up to
--- one lock timeout before the present, marking each unfinished key it
--- passes (next_attempt_at := created_at: due, once its lease is over).
--- Keys are inserted at the commit of their first transaction (with its
--- time), so none appears behind the watermark after it passed.
+-- unparked carries next_attempt_at; the sweep moves the watermark up,
+-- marking each unfinished key it passes (next_attempt_at := created_at:
+-- due, once its lease is over). A key's row is stamped before its
+-- transaction commits, and may show up later: the watermark moves in two
+-- steps. A sweep plans the next position (pending_before: one lock timeout
+-- before the present) with the transactions then in progress
+-- (pending_xmax: every transaction that could still write a key created
+-- before it has an id below that); a later sweep moves there once they
+-- have all ended, reading the keys it passes then.
 CREATE TABLE atomicphase_sweep_watermark (
     name           text        PRIMARY KEY,
-    created_before timestamptz NOT NULL
+    created_before timestamptz NOT NULL,
+    pending_before timestamptz,
+    pending_xmax   xid8
 );
 
 -- Every unfinished key now marked, so the watermark may start here (with a
@@ -1989,14 +1995,14 @@ $$;
 -- drops the indexes whose predicates read response_status, or whose key is
 -- finished_at (each made every finish write a new entry in it). Here, the
 -- indexes that take their place: the sweep reads the keys that went wrong
--- (next_attempt_at set, migration 016) and the parked keys, each from a
--- partial index whose predicate reads only its own column, which a finish
--- never changes; the reaper reads finished keys in creation order
+-- (next_attempt_at set, migration 016; parked ones left out) and the
+-- parked keys, each from a partial index whose predicate reads columns a
+-- finish never changes; the reaper reads finished keys in creation order
 -- (created_at). Built concurrently, outside a transaction, so that no
 -- write to the key table waits; Migrate drops a build an interrupted run
 -- left invalid and builds it again.
 CREATE INDEX CONCURRENTLY IF NOT EXISTS idempotency_keys_waiting_idx ON idempotency_keys (next_attempt_at)
-    WHERE next_attempt_at IS NOT NULL;
+    WHERE next_attempt_at IS NOT NULL AND parked_at IS NULL;
 CREATE INDEX CONCURRENTLY IF NOT EXISTS idempotency_keys_parked_idx ON idempotency_keys (parked_at)
     WHERE parked_at IS NOT NULL;
 -- Room on each page for a key's finish to stay on it (a HOT update needs

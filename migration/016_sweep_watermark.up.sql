@@ -11,14 +11,20 @@
 -- What is left is the key that never failed and whose process died: the
 -- sweep finds it in creation order, behind a watermark. Every key created
 -- before atomicphase_sweep_watermark.created_before that is unfinished and
--- unparked carries next_attempt_at; the sweep moves the watermark up to
--- one lock timeout before the present, marking each unfinished key it
--- passes (next_attempt_at := created_at: due, once its lease is over).
--- Keys are inserted at the commit of their first transaction (with its
--- time), so none appears behind the watermark after it passed.
+-- unparked carries next_attempt_at; the sweep moves the watermark up,
+-- marking each unfinished key it passes (next_attempt_at := created_at:
+-- due, once its lease is over). A key's row is stamped before its
+-- transaction commits, and may show up later: the watermark moves in two
+-- steps. A sweep plans the next position (pending_before: one lock timeout
+-- before the present) with the transactions then in progress
+-- (pending_xmax: every transaction that could still write a key created
+-- before it has an id below that); a later sweep moves there once they
+-- have all ended, reading the keys it passes then.
 CREATE TABLE /* TEMPLATE: schema */atomicphase_sweep_watermark (
     name           text        PRIMARY KEY,
-    created_before timestamptz NOT NULL
+    created_before timestamptz NOT NULL,
+    pending_before timestamptz,
+    pending_xmax   xid8
 );
 
 -- Every unfinished key now marked, so the watermark may start here (with a

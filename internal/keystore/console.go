@@ -25,18 +25,18 @@ type Level struct {
 
 // unfinishedKeys is the key table's unfinished keys, read with no index on
 // all of them (one would cost every request an entry, and its finish the
-// HOT update): the keys that went wrong (next_attempt_at set: the index of
-// keys the sweep reads), the parked ones not among them (the index of
-// parked keys), and the keys created since the sweep's watermark that
-// neither went wrong nor parked (the index on created_at): a key created
+// HOT update): the unparked keys that went wrong (next_attempt_at set: the
+// index of keys the sweep reads), the parked ones (the index of parked
+// keys), and the keys created since the sweep's watermark that neither
+// went wrong nor parked (the index on created_at): a key created
 // before the watermark is marked when still unfinished (sweep.go). Each
 // unfinished key is in one of the three, once.
 const unfinishedKeys = `(
     SELECT * FROM /* TEMPLATE: schema */idempotency_keys
-    WHERE response_status IS NULL AND next_attempt_at IS NOT NULL
+    WHERE response_status IS NULL AND next_attempt_at IS NOT NULL AND parked_at IS NULL
     UNION ALL
     SELECT * FROM /* TEMPLATE: schema */idempotency_keys
-    WHERE response_status IS NULL AND next_attempt_at IS NULL AND parked_at IS NOT NULL
+    WHERE response_status IS NULL AND parked_at IS NOT NULL
     UNION ALL
     SELECT * FROM /* TEMPLATE: schema */idempotency_keys
     WHERE response_status IS NULL AND next_attempt_at IS NULL AND parked_at IS NULL
@@ -80,10 +80,10 @@ func (s *Store) Estimate(ctx context.Context, db DB) (int64, error) {
 const recentTroubleSQL = `SELECT ` + briefColumns + `
 FROM (
     SELECT * FROM /* TEMPLATE: schema */idempotency_keys
-    WHERE response_status IS NULL AND next_attempt_at IS NOT NULL AND (parked_at IS NOT NULL OR unknown_at IS NOT NULL)
+    WHERE response_status IS NULL AND next_attempt_at IS NOT NULL AND parked_at IS NULL AND unknown_at IS NOT NULL
     UNION ALL
     SELECT * FROM /* TEMPLATE: schema */idempotency_keys
-    WHERE response_status IS NULL AND next_attempt_at IS NULL AND parked_at IS NOT NULL) AS u
+    WHERE response_status IS NULL AND parked_at IS NOT NULL) AS u
 WHERE ($1::text = '' OR workflow = $1::text) AND ($2::text = '' OR scope = $2::text)
 ORDER BY greatest(parked_at, unknown_at) DESC
 LIMIT $4::integer`

@@ -77,7 +77,7 @@ type statements struct {
 	recordAudit, auditTrail,
 	versionOf, announce, versionDrained, reclaimVersion, deployed, otherVersions, versionKeys, versions, undoAttempt,
 	claim, recordUnit,
-	watermark, passed, markPassed, moveWatermark string
+	watermark, planWatermark, passed, markPassed, moveWatermark string
 }
 
 // New returns the Store for schema ("" for the search_path) and lockTimeout.
@@ -126,6 +126,7 @@ func New(schema string, lockTimeout time.Duration) *Store {
 		claim:            r(claimSQL),
 		recordUnit:       r(recordUnitSQL),
 		watermark:        r(watermarkSQL),
+		planWatermark:    r(planWatermarkSQL),
 		passed:           r(passedSQL),
 		markPassed:       r(markPassedSQL),
 		moveWatermark:    r(moveWatermarkSQL),

@@ -42,18 +42,42 @@ LIMIT $3`
 // The watermark (migration 016): every unfinished, unparked key created
 // before it is marked due (next_attempt_at set), so the sweep finds it in
 // the index of keys that went wrong. A key that never went wrong has no
-// mark, and its process may die: MarkPassed moves the watermark up to one
-// lock timeout before the present, in creation order, and marks each
-// unfinished key it passes. Keys are inserted at the commit of their first
-// transaction, with that time, so a key the watermark passed was visible
-// to it.
+// mark, and its process may die: MarkPassed moves the watermark up, in
+// creation order, and marks each unfinished key it passes. A key's row is
+// stamped (created_at) before its transaction commits, so it may show up
+// after its time: the watermark moves in two steps. A sweep plans the next
+// position, one lock timeout before the present, with the transactions
+// then in progress (every one that could still write a key created before
+// it has an id below pg_snapshot_xmax); a later sweep moves there once
+// they have all ended, and reads the keys it passes then. A long write
+// transaction anywhere in the database holds the watermark back (as it
+// holds back vacuum). On Citus the coordinator's transactions are not the
+// workers': there the plan also trails the present by citusMargin.
 
-// watermarkSQL reads the watermark and where it may move to: one lock
-// timeout ($1) before the present, on the coordinator's clock (a margin
-// of one lock timeout for the nodes' clocks).
+// watermarkSQL reads the watermark, its plan, whether the plan's
+// transactions have all ended, and a new plan: one lock timeout ($1) before
+// the present, with the transactions in progress now.
 const watermarkSQL = `
-SELECT coalesce((SELECT created_before FROM /* TEMPLATE: schema */atomicphase_sweep_watermark WHERE name = 'abandoned'), '-infinity'),
-       now() - $1::bigint * interval '1 microsecond'`
+SELECT coalesce(w.created_before, '-infinity'), w.pending_before,
+       coalesce(pg_snapshot_xmin(pg_current_snapshot()) >= w.pending_xmax, false),
+       now() - $1::bigint * interval '1 microsecond'
+             - CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus')
+                    THEN interval '` + citusMargin + `' ELSE interval '0' END,
+       pg_snapshot_xmax(pg_current_snapshot())::text
+FROM (SELECT) AS one
+LEFT JOIN /* TEMPLATE: schema */atomicphase_sweep_watermark w ON w.name = 'abandoned'`
+
+// citusMargin is how much further behind the present the watermark's plan
+// trails on Citus, where a key's transaction runs on a worker whose
+// transactions the coordinator's snapshot does not show.
+const citusMargin = "5 minutes"
+
+// planWatermarkSQL records the watermark's next position ($1) and the
+// transactions it waits for ($2).
+const planWatermarkSQL = `
+INSERT INTO /* TEMPLATE: schema */atomicphase_sweep_watermark AS w (name, created_before, pending_before, pending_xmax)
+VALUES ('abandoned', '-infinity', $1::timestamptz, $2::text::xid8)
+ON CONFLICT (name) DO UPDATE SET pending_before = excluded.pending_before, pending_xmax = excluded.pending_xmax`
 
 // passedSQL lists the unmarked unfinished keys created in [$1, $2), oldest
 // first, at most $3.
@@ -76,61 +100,74 @@ WHERE scope = $1::text AND idempotency_key = $2::text
 // moveWatermarkSQL moves the watermark up to $1, never back (sweeps in
 // several processes move it in turn).
 const moveWatermarkSQL = `
-INSERT INTO /* TEMPLATE: schema */atomicphase_sweep_watermark AS w (name, created_before) VALUES ('abandoned', $1::timestamptz)
-ON CONFLICT (name) DO UPDATE SET created_before = greatest(w.created_before, excluded.created_before)`
+UPDATE /* TEMPLATE: schema */atomicphase_sweep_watermark AS w SET created_before = greatest(w.created_before, $1::timestamptz)
+WHERE w.name = 'abandoned'`
 
-// MarkPassed moves the sweep's watermark up, marking due the unfinished
-// keys it passes, at most limit of them (the watermark then stops at the
-// last one, and the next call goes on from there). It returns how many it
-// marked. Its cost is one read of each key created since the last call.
+// MarkPassed moves the sweep's watermark up to its plan, once the plan's
+// transactions have ended, marking due the unfinished keys it passes, at
+// most limit of them (the watermark then stops at the last one, and the
+// next call goes on from there); then it plans the next move. It returns
+// how many keys it marked. Its cost is one read of each key created since
+// the last move.
 func (s *Store) MarkPassed(ctx context.Context, db Batcher, limit int) (int, error) {
-	var from, to time.Time
-	if err := db.QueryRow(ctx, s.sql.watermark, s.lockTimeoutUS).Scan(&from, &to); err != nil {
+	var from, bound time.Time
+	var pending *time.Time
+	var settled bool
+	var xmax string
+	if err := db.QueryRow(ctx, s.sql.watermark, s.lockTimeoutUS).Scan(&from, &pending, &settled, &bound, &xmax); err != nil {
 		return 0, err
 	}
-	if !to.After(from) {
-		return 0, nil
-	}
-	rows, err := db.Query(ctx, s.sql.passed, from, to, limit)
-	if err != nil {
-		return 0, err
-	}
-	type passedKey struct {
-		scope, key string
-		created    time.Time
-	}
-	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (passedKey, error) {
-		var k passedKey
-		return k, row.Scan(&k.scope, &k.key, &k.created)
-	})
-	if err != nil {
-		return 0, err
+	if pending != nil && !settled {
+		return 0, nil // a transaction that may still write a key before the plan runs
 	}
 	n := 0
-	if len(keys) > 0 {
-		b := &pgx.Batch{}
-		for _, k := range keys {
-			b.Queue(s.sql.markPassed, k.scope, k.key)
+	if pending != nil && pending.After(from) {
+		to := *pending
+		rows, err := db.Query(ctx, s.sql.passed, from, to, limit)
+		if err != nil {
+			return 0, err
 		}
-		res := db.SendBatch(ctx, b)
-		for range keys {
-			tag, err := res.Exec()
-			if err != nil {
-				_ = res.Close()
+		type passedKey struct {
+			scope, key string
+			created    time.Time
+		}
+		keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (passedKey, error) {
+			var k passedKey
+			return k, row.Scan(&k.scope, &k.key, &k.created)
+		})
+		if err != nil {
+			return 0, err
+		}
+		if len(keys) > 0 {
+			b := &pgx.Batch{}
+			for _, k := range keys {
+				b.Queue(s.sql.markPassed, k.scope, k.key)
+			}
+			res := db.SendBatch(ctx, b)
+			for range keys {
+				tag, err := res.Exec()
+				if err != nil {
+					_ = res.Close()
+					return n, err
+				}
+				n += int(tag.RowsAffected())
+			}
+			if err := res.Close(); err != nil {
 				return n, err
 			}
-			n += int(tag.RowsAffected())
-		}
-		if err := res.Close(); err != nil {
-			return n, err
 		}
 		if len(keys) == limit {
-			// More may follow: stop at the last key passed (its peers
-			// of the same instant are read again, and are marked).
-			to = keys[len(keys)-1].created
+			// More may follow: stop at the last key passed (its peers of
+			// the same instant are read again, and are marked), and keep
+			// the plan.
+			_, err := db.Exec(ctx, s.sql.moveWatermark, keys[len(keys)-1].created)
+			return n, err
+		}
+		if _, err := db.Exec(ctx, s.sql.moveWatermark, to); err != nil {
+			return n, err
 		}
 	}
-	_, err = db.Exec(ctx, s.sql.moveWatermark, to)
+	_, err := db.Exec(ctx, s.sql.planWatermark, bound, xmax)
 	return n, err
 }
 
