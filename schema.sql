@@ -1745,11 +1745,12 @@ WHERE response_status IS NULL AND parked_at IS NOT NULL AND called_at IS NULL;
 -- marking each unfinished key it passes (next_attempt_at := created_at:
 -- due, once its lease is over). A key's row is stamped before its
 -- transaction commits, and may show up later: the watermark moves in two
--- steps. A sweep plans the next position (pending_before: one lock timeout
--- before the present) with the transactions then in progress
--- (pending_xmax: every transaction that could still write a key created
--- before it has an id below that); a later sweep moves there once they
--- have all ended, reading the keys it passes then.
+-- steps. A sweep plans how far the next may go (pending_before: the
+-- present) with the transactions then in progress (pending_xmax: every
+-- transaction that could still write a key created before it has an id
+-- below that); a later sweep moves up to the plan once they have all
+-- ended (though no nearer the present than one lock timeout), reading the
+-- keys it passes then.
 CREATE TABLE atomicphase_sweep_watermark (
     name           text        PRIMARY KEY,
     created_before timestamptz NOT NULL,

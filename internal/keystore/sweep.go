@@ -45,23 +45,26 @@ LIMIT $3`
 // mark, and its process may die: MarkPassed moves the watermark up, in
 // creation order, and marks each unfinished key it passes. A key's row is
 // stamped (created_at) before its transaction commits, so it may show up
-// after its time: the watermark moves in two steps. A sweep plans the next
-// position, one lock timeout before the present, with the transactions
-// then in progress (every one that could still write a key created before
-// it has an id below pg_snapshot_xmax); a later sweep moves there once
-// they have all ended, and reads the keys it passes then. A long write
+// after its time: the watermark moves in two steps. A sweep plans how far
+// the next may go, the present, with the transactions then in progress
+// (every one that could still write a key created before it has an id
+// below pg_snapshot_xmax); a later sweep moves up to that plan once they
+// have all ended, though no nearer the present than one lock timeout (a
+// younger key is most likely running: a mark now would cost its finish its
+// HOT update), and reads the keys it passes. A long write
 // transaction anywhere in the database holds the watermark back (as it
 // holds back vacuum). On Citus the coordinator's transactions are not the
 // workers': there the plan also trails the present by citusMargin.
 
 // watermarkSQL reads the watermark, its plan, whether the plan's
-// transactions have all ended, and a new plan: one lock timeout ($1) before
-// the present, with the transactions in progress now.
+// transactions have all ended, the nearest the watermark may come to the
+// present (one lock timeout, $1, before it), and a new plan: the present,
+// with the transactions in progress now.
 const watermarkSQL = `
 SELECT coalesce(w.created_before, '-infinity'), w.pending_before,
        coalesce(pg_snapshot_xmin(pg_current_snapshot()) >= w.pending_xmax, false),
-       now() - $1::bigint * interval '1 microsecond'
-             - CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus')
+       now() - $1::bigint * interval '1 microsecond',
+       now() - CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus')
                     THEN interval '` + citusMargin + `' ELSE interval '0' END,
        pg_snapshot_xmax(pg_current_snapshot())::text
 FROM (SELECT) AS one
@@ -103,24 +106,27 @@ const moveWatermarkSQL = `
 UPDATE /* TEMPLATE: schema */atomicphase_sweep_watermark AS w SET created_before = greatest(w.created_before, $1::timestamptz)
 WHERE w.name = 'abandoned'`
 
-// MarkPassed moves the sweep's watermark up to its plan, once the plan's
-// transactions have ended, marking due the unfinished keys it passes, at
+// MarkPassed moves the sweep's watermark up to its plan (no nearer the
+// present than one lock timeout), once the plan's transactions have ended, marking due the unfinished keys it passes, at
 // most limit of them (the watermark then stops at the last one, and the
 // next call goes on from there); then it plans the next move. It returns
 // how many keys it marked. Its cost is one read of each key created since
 // the last move.
 func (s *Store) MarkPassed(ctx context.Context, db Batcher, limit int) (int, error) {
-	var from, bound time.Time
+	var from, nearest, plan time.Time
 	var pending *time.Time
 	var settled bool
 	var xmax string
-	if err := db.QueryRow(ctx, s.sql.watermark, s.lockTimeoutUS).Scan(&from, &pending, &settled, &bound, &xmax); err != nil {
+	if err := db.QueryRow(ctx, s.sql.watermark, s.lockTimeoutUS).Scan(&from, &pending, &settled, &nearest, &plan, &xmax); err != nil {
 		return 0, err
 	}
 	if pending != nil && !settled {
 		return 0, nil // a transaction that may still write a key before the plan runs
 	}
 	n := 0
+	if pending != nil && pending.After(nearest) {
+		pending = &nearest
+	}
 	if pending != nil && pending.After(from) {
 		to := *pending
 		rows, err := db.Query(ctx, s.sql.passed, from, to, limit)
@@ -167,7 +173,7 @@ func (s *Store) MarkPassed(ctx context.Context, db Batcher, limit int) (int, err
 			return n, err
 		}
 	}
-	_, err := db.Exec(ctx, s.sql.planWatermark, bound, xmax)
+	_, err := db.Exec(ctx, s.sql.planWatermark, plan, xmax)
 	return n, err
 }
 
