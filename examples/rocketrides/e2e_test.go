@@ -114,6 +114,9 @@ func tryStartServer(t *testing.T, dbURL string, env ...string) (*server, string)
 	t.Cleanup(func() {
 		_ = s.cmd.Process.Kill()
 		<-s.exited
+		if t.Failed() {
+			t.Logf("the server's log:\n%s", s.log)
+		}
 	})
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
