@@ -211,6 +211,13 @@ func buildScopeCapIndex(ctx context.Context, db Beginner, schema string) error {
 		return err
 	}
 	defer unlock()
+	// Built once: on Citus, CREATE INDEX CONCURRENTLY IF NOT EXISTS on an
+	// index that exists leaves the coordinator's index marked invalid.
+	var valid bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_index WHERE indexrelid = to_regclass($1) AND indisvalid)`,
+		keystore.Qualifier(schema)+keystore.ScopeCapIndex).Scan(&valid); err != nil || valid {
+		return err
+	}
 	stmt := keystore.ScopeCapIndexSQL(schema)
 	if err := dropInvalidIndex(ctx, conn, schema, stmt); err != nil {
 		return err

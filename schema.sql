@@ -1755,7 +1755,9 @@ CREATE TABLE atomicphase_sweep_watermark (
     name           text        PRIMARY KEY,
     created_before timestamptz NOT NULL,
     pending_before timestamptz,
-    pending_xmax   xid8
+    pending_xmax   xid8,
+    -- On Citus, the workers' pg_snapshot_xmax at the plan, by node.
+    pending_nodes  jsonb
 );
 
 -- Every unfinished key now marked, so the watermark may start here (with a

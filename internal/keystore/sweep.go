@@ -53,8 +53,9 @@ LIMIT $3`
 // younger key is most likely running: a mark now would cost its finish its
 // HOT update), and reads the keys it passes. A long write
 // transaction anywhere in the database holds the watermark back (as it
-// holds back vacuum). On Citus the coordinator's transactions are not the
-// workers': there the plan also trails the present by citusMargin.
+// holds back vacuum). On Citus a key's transaction runs on the worker that
+// holds it, which the coordinator's snapshot does not show: there the plan
+// also records each worker's, and waits for each.
 
 // watermarkSQL reads the watermark, its plan, whether the plan's
 // transactions have all ended, the nearest the watermark may come to the
@@ -64,23 +65,32 @@ const watermarkSQL = `
 SELECT coalesce(w.created_before, '-infinity'), w.pending_before,
        coalesce(pg_snapshot_xmin(pg_current_snapshot()) >= w.pending_xmax, false),
        now() - $1::bigint * interval '1 microsecond',
-       now() - CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus')
-                    THEN interval '` + citusMargin + `' ELSE interval '0' END,
-       pg_snapshot_xmax(pg_current_snapshot())::text
+       now(), pg_snapshot_xmax(pg_current_snapshot())::text, w.pending_nodes
 FROM (SELECT) AS one
 LEFT JOIN /* TEMPLATE: schema */atomicphase_sweep_watermark w ON w.name = 'abandoned'`
 
-// citusMargin is how much further behind the present the watermark's plan
-// trails on Citus, where a key's transaction runs on a worker whose
-// transactions the coordinator's snapshot does not show.
-const citusMargin = "5 minutes"
+// workersXmaxSQL reads each Citus worker's pg_snapshot_xmax, by node (NULL
+// when a worker did not answer).
+const workersXmaxSQL = `
+SELECT CASE WHEN bool_and(success) THEN jsonb_object_agg(nodename || ':' || nodeport, result) END
+FROM run_command_on_workers('SELECT pg_snapshot_xmax(pg_current_snapshot())::text')`
+
+// workersSettledSQL reports whether every Citus worker's transactions that
+// were in progress at the plan ($1, workersXmaxSQL's) have ended: its
+// pg_snapshot_xmin has passed the xmax it had then. A worker that does not
+// answer is not settled; one added since has none of them.
+const workersSettledSQL = `
+SELECT coalesce(bool_and(success AND ($1::jsonb ->> (nodename || ':' || nodeport) IS NULL
+                                     OR result::xid8 >= ($1::jsonb ->> (nodename || ':' || nodeport))::xid8)), true)
+FROM run_command_on_workers('SELECT pg_snapshot_xmin(pg_current_snapshot())::text')`
 
 // planWatermarkSQL records the watermark's next position ($1) and the
-// transactions it waits for ($2).
+// transactions it waits for ($2; on Citus, $3: the workers').
 const planWatermarkSQL = `
-INSERT INTO /* TEMPLATE: schema */atomicphase_sweep_watermark AS w (name, created_before, pending_before, pending_xmax)
-VALUES ('abandoned', '-infinity', $1::timestamptz, $2::text::xid8)
-ON CONFLICT (name) DO UPDATE SET pending_before = excluded.pending_before, pending_xmax = excluded.pending_xmax`
+INSERT INTO /* TEMPLATE: schema */atomicphase_sweep_watermark AS w (name, created_before, pending_before, pending_xmax, pending_nodes)
+VALUES ('abandoned', '-infinity', $1::timestamptz, $2::text::xid8, $3::jsonb)
+ON CONFLICT (name) DO UPDATE SET pending_before = excluded.pending_before, pending_xmax = excluded.pending_xmax,
+                                 pending_nodes = excluded.pending_nodes`
 
 // passedSQL lists the unmarked unfinished keys created in [$1, $2), oldest
 // first, at most $3.
@@ -117,8 +127,20 @@ func (s *Store) MarkPassed(ctx context.Context, db Batcher, limit int) (int, err
 	var pending *time.Time
 	var settled bool
 	var xmax string
-	if err := db.QueryRow(ctx, s.sql.watermark, s.lockTimeoutUS).Scan(&from, &pending, &settled, &nearest, &plan, &xmax); err != nil {
+	var nodes []byte
+	if err := db.QueryRow(ctx, s.sql.watermark, s.lockTimeoutUS).Scan(&from, &pending, &settled, &nearest, &plan, &xmax, &nodes); err != nil {
 		return 0, err
+	}
+	citus, err := s.OnCitus(ctx, db)
+	if err != nil {
+		return 0, err
+	}
+	if pending != nil && settled && citus {
+		if nodes == nil {
+			settled = false // planned without the workers' (their answer failed)
+		} else if err := db.QueryRow(ctx, workersSettledSQL, nodes).Scan(&settled); err != nil {
+			return 0, err
+		}
 	}
 	if pending != nil && !settled {
 		return 0, nil // a transaction that may still write a key before the plan runs
@@ -173,7 +195,18 @@ func (s *Store) MarkPassed(ctx context.Context, db Batcher, limit int) (int, err
 			return n, err
 		}
 	}
-	_, err := db.Exec(ctx, s.sql.planWatermark, plan, xmax)
+	var workers []byte
+	if citus {
+		// The workers stamp keys with their own clocks: a second's
+		// allowance for theirs being behind the coordinator's.
+		plan = plan.Add(-time.Second)
+		// After the coordinator's own reading: a worker's transaction that
+		// began before the plan began before this too.
+		if err := db.QueryRow(ctx, workersXmaxSQL).Scan(&workers); err != nil {
+			return n, err
+		}
+	}
+	_, err = db.Exec(ctx, s.sql.planWatermark, plan, xmax, workers)
 	return n, err
 }
 
