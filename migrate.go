@@ -165,9 +165,8 @@ func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error)
 		// count must not lose its index while a migration drops the one
 		// an older release built.
 		var exists bool
-		if q, ok := db.(execQuerier); ok {
-			if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`,
-				keystore.Qualifier(opts.schema())+keystore.Table).Scan(&exists); err != nil {
+		if q, ok := db.(keystore.DB); ok {
+			if exists, err = keystore.TableExists(ctx, q, opts.schema()); err != nil {
 				return nil, err
 			}
 		}
@@ -213,9 +212,7 @@ func buildScopeCapIndex(ctx context.Context, db Beginner, schema string) error {
 	defer unlock()
 	// Built once: on Citus, CREATE INDEX CONCURRENTLY IF NOT EXISTS on an
 	// index that exists leaves the coordinator's index marked invalid.
-	var valid bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_index WHERE indexrelid = to_regclass($1) AND indisvalid)`,
-		keystore.Qualifier(schema)+keystore.ScopeCapIndex).Scan(&valid); err != nil || valid {
+	if missing, err := keystore.New(schema, 0).MissingScopeCapIndex(ctx, conn); err != nil || !missing {
 		return err
 	}
 	stmt := keystore.ScopeCapIndexSQL(schema)

@@ -61,6 +61,16 @@ const scopeCapIndexSQL = `CREATE INDEX CONCURRENTLY IF NOT EXISTS idempotency_ke
 // ScopeCapIndexSQL is the statement that builds ScopeCapIndex in schema.
 func ScopeCapIndexSQL(schema string) string { return Render(scopeCapIndexSQL, schema) }
 
+// tableExistsSQL tells whether the key table exists.
+const tableExistsSQL = `SELECT to_regclass($1) IS NOT NULL`
+
+// TableExists reports whether the key table exists in schema.
+func TableExists(ctx context.Context, db DB, schema string) (bool, error) {
+	var exists bool
+	err := db.QueryRow(ctx, tableExistsSQL, qualifiedName(schema, Table)).Scan(&exists)
+	return exists, err
+}
+
 // MissingScopeCapIndex reports whether the Store's schema lacks a valid
 // ScopeCapIndex.
 func (s *Store) MissingScopeCapIndex(ctx context.Context, db DB) (bool, error) {

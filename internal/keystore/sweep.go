@@ -59,13 +59,15 @@ LIMIT $3`
 
 // watermarkSQL reads the watermark, its plan, whether the plan's
 // transactions have all ended, the nearest the watermark may come to the
-// present (one lock timeout, $1, before it), and a new plan: the present,
-// with the transactions in progress now.
+// present (one lock timeout, $1, before it), a new plan (the present, with
+// the transactions in progress now), the workers' part of the plan, and
+// whether the database runs Citus.
 const watermarkSQL = `
 SELECT coalesce(w.created_before, '-infinity'), w.pending_before,
        coalesce(pg_snapshot_xmin(pg_current_snapshot()) >= w.pending_xmax, false),
        now() - $1::bigint * interval '1 microsecond',
-       now(), pg_snapshot_xmax(pg_current_snapshot())::text, w.pending_nodes
+       now(), pg_snapshot_xmax(pg_current_snapshot())::text, w.pending_nodes,
+       EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus')
 FROM (SELECT) AS one
 LEFT JOIN /* TEMPLATE: schema */atomicphase_sweep_watermark w ON w.name = 'abandoned'`
 
@@ -128,11 +130,8 @@ func (s *Store) MarkPassed(ctx context.Context, db Batcher, limit int) (int, err
 	var settled bool
 	var xmax string
 	var nodes []byte
-	if err := db.QueryRow(ctx, s.sql.watermark, s.lockTimeoutUS).Scan(&from, &pending, &settled, &nearest, &plan, &xmax, &nodes); err != nil {
-		return 0, err
-	}
-	citus, err := s.OnCitus(ctx, db)
-	if err != nil {
+	var citus bool
+	if err := db.QueryRow(ctx, s.sql.watermark, s.lockTimeoutUS).Scan(&from, &pending, &settled, &nearest, &plan, &xmax, &nodes, &citus); err != nil {
 		return 0, err
 	}
 	if pending != nil && settled && citus {
@@ -206,7 +205,7 @@ func (s *Store) MarkPassed(ctx context.Context, db Batcher, limit int) (int, err
 			return n, err
 		}
 	}
-	_, err = db.Exec(ctx, s.sql.planWatermark, plan, xmax, workers)
+	_, err := db.Exec(ctx, s.sql.planWatermark, plan, xmax, workers)
 	return n, err
 }
 
