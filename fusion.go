@@ -56,6 +56,12 @@ func (a *attempt) failed(pr phaseRun, err error) {
 	if a.r.cfg.Observer == nil {
 		return
 	}
+	if errors.Is(err, keystore.ErrNotRecorded) {
+		// The key was another's (WorkflowOpts.AssumeNewKeys ran the
+		// phase before that was known): no phase of this request failed.
+		pr.end(err)
+		return
+	}
 	a.r.observe(pr.ctx, Event{Kind: EventPhaseFailed, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: pr.name, Duration: time.Since(pr.start), Err: err})
 	pr.end(err)
 }

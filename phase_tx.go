@@ -204,6 +204,14 @@ func (t *phaseTx) implicit() bool {
 func (t *phaseTx) sendBatch(ctx context.Context, mayBegin bool, tail func(*pgx.Batch)) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
 	begin := t.tx == nil && mayBegin
+	if begin && t.rec != nil && t.rec.Assumes() {
+		// A key that exists would fail the claim inside a transaction
+		// block, which then costs a ROLLBACK: the key is read first, on
+		// its own.
+		if err := t.rec.ReadAhead(ctx, t.conn); err != nil {
+			return nil, err
+		}
+	}
 	if begin {
 		b.BeginTx(t.opts)
 	}

@@ -25,7 +25,9 @@ import (
 //
 // A workflow that can record a new key with its first unit first reads the
 // key (keystore.Peek: one primary-key read, which is all a replay costs) to
-// choose. Either way an attempt that holds the key then runs the workflow
+// choose; with WorkflowOpts.AssumeNewKeys, that read rides ahead of the
+// recording in the first unit's batch instead, and a key it finds is
+// answered from there (runFound). Either way an attempt that holds the key then runs the workflow
 // from its recovery point (attempt.go, fusion.go); a key that is not taken
 // is explained (refusal.go).
 
@@ -94,6 +96,14 @@ func (r *Runner) run(ctx context.Context, wf AnyWorkflow, req *Request, fp Finge
 	if err != nil {
 		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)
 	}
+	if wf.assumesNewKeys() && r.implicitCommits.Load() {
+		// WorkflowOpts.AssumeNewKeys: the key is read in the first
+		// unit's batch, ahead of its recording.
+		if err := r.faultBeforeTake(ctx, wf.Name(), pc, false); err != nil {
+			return nil, injected(err)
+		}
+		return r.runNew(ctx, wf, req, fp, pc, true)
+	}
 	p, found, err := r.store.Peek(ctx, pc.Conn(), req.Scope, req.Key, wf.Name(), fp[:])
 	switch {
 	case err != nil:
@@ -105,13 +115,20 @@ func (r *Runner) run(ctx context.Context, wf AnyWorkflow, req *Request, fp Finge
 		if err := r.faultBeforeTake(ctx, wf.Name(), pc, false); err != nil {
 			return nil, injected(err)
 		}
-		return r.runNew(ctx, wf, req, fp, pc)
+		return r.runNew(ctx, wf, req, fp, pc, false)
 	}
 	pc.Release()
+	return r.runFound(ctx, wf, req, fp, &p)
+}
+
+// runFound answers a request whose key its read found: a finished key
+// replays, one held by a live attempt, recorded for another request or
+// parked for good is refused, and the key of a failed or abandoned
+// attempt is taken as any other's.
+func (r *Runner) runFound(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, p *keystore.Peeked) (*Response, error) {
 	if p.ResponseStatus != nil || !p.Takeable || !p.Same || p.Parked {
 		return r.refused(ctx, &p.Row, !p.Same, wf, req)
 	}
-	// A failed or abandoned attempt's key: taken as any other.
 	return r.runExisting(ctx, wf, req, fp)
 }
 
@@ -133,21 +150,53 @@ func (r *Runner) fusesRecording(wf AnyWorkflow) bool {
 // the key meanwhile (keystore.ErrNotRecorded), this one never held it: the
 // request goes in as an existing key's, and acquisition explains the key as
 // it then is.
-func (r *Runner) runNew(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, pc *pgxpool.Conn) (resp *Response, err error) {
+//
+// With assume (WorkflowOpts.AssumeNewKeys), the key was not read: the
+// recording reads it ahead of its claim, and a key it finds is answered as
+// run answers one its read found. So is one whose request the start
+// function refuses, read then: a request reusing another's key is told
+// so, whatever its input.
+func (r *Runner) runNew(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, pc *pgxpool.Conn, assume bool) (resp *Response, err error) {
 	state, err := r.initialState(ctx, wf, req)
 	if err != nil {
+		if assume {
+			return r.runRefusedStart(ctx, wf, req, fp, pc, err)
+		}
 		pc.Release()
 		return nil, err
 	}
 	token := newLockToken()
+	rec := r.store.NewRecording(r.keyRequest(wf, req, fp, state, token))
+	if assume {
+		rec.Assume(r.store)
+	}
 	a := &attempt{r: r, wf: wf, scope: req.Scope, key: req.Key, token: token, attempts: 1, fresh: true,
-		resumedFrom: RecoveryPointStarted, conn: pc, rec: r.store.NewRecording(r.keyRequest(wf, req, fp, state, token))}
+		resumedFrom: RecoveryPointStarted, conn: pc, rec: rec}
 	defer a.parkOnPanic(ctx)
 	resp, err = a.loop(ctx, 0, state)
 	if errors.Is(err, keystore.ErrNotRecorded) {
+		if rec.Found != nil {
+			return r.runFound(ctx, wf, req, fp, rec.Found)
+		}
 		return r.runExisting(ctx, wf, req, fp)
 	}
 	return resp, err
+}
+
+// runRefusedStart answers a request whose start function refused it
+// before its key was read (WorkflowOpts.AssumeNewKeys): the key is read,
+// on pc (released), and a key that exists is answered as run answers it;
+// only a new key's request gets the start function's refusal, startErr.
+func (r *Runner) runRefusedStart(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, pc *pgxpool.Conn, startErr error) (*Response, error) {
+	p, found, err := r.store.Peek(ctx, pc.Conn(), req.Scope, req.Key, wf.Name(), fp[:])
+	pc.Release()
+	switch {
+	case err != nil:
+		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)
+	case !found:
+		return nil, startErr
+	}
+	return r.runFound(ctx, wf, req, fp, &p)
 }
 
 // runExisting acquires the key in one statement, which records it when it

@@ -56,6 +56,24 @@ type WorkflowOpts struct {
 	// to none.
 	ReplayHeaders []string
 
+	// AssumeNewKeys saves a new key's request a round trip, on one
+	// PostgreSQL: the Runner sends no read of the key before the
+	// workflow's first phases run. Their transaction's first batch reads
+	// the key ahead of recording it instead, and a key that exists ends
+	// the batch there, its answer (a replay, a refusal) in the same round
+	// trip. The price is paid by a request whose key exists: the start
+	// function and the first unit's phase functions run for it, and what
+	// they queued is discarded unsent or rolled back, as when an attempt
+	// dies before its commit. Set it only when those functions do nothing
+	// outside their transaction (the usual shape: they queue inserts) and
+	// most requests carry new keys. A phase that sends a statement on its
+	// own (Tx.Exec, Tx.Query) makes the key be read first, on its own, as
+	// without the option. It has no effect on Citus, with
+	// Config.MaxUnfinishedPerScope, or for a workflow that begins with a
+	// foreign phase or commits each phase alone. It is not part of the
+	// workflow's version. Defaults to false.
+	AssumeNewKeys bool
+
 	// Version names this definition of the workflow: each key records the
 	// version it started under and resumes under that version's
 	// definition, in whichever process registered it. Defaults to one
@@ -75,6 +93,8 @@ type Workflow[S any] struct {
 	steps     []step
 	byName    map[string]int
 	keepState bool
+	// assumeNew is WorkflowOpts.AssumeNewKeys.
+	assumeNew bool
 	// replayHeaders are the per-client headers ReplayHeaders allows,
 	// canonicalised.
 	replayHeaders map[string]bool
@@ -134,7 +154,8 @@ func NewWorkflow[In, S any](name string, start StartFunc[In, S], phases []Phase[
 	if opts == nil {
 		opts = &WorkflowOpts{}
 	}
-	wf := &Workflow[S]{name: name, byName: make(map[string]int, len(phases)), keepState: opts.KeepFinishedState}
+	wf := &Workflow[S]{name: name, byName: make(map[string]int, len(phases)), keepState: opts.KeepFinishedState,
+		assumeNew: opts.AssumeNewKeys}
 
 	var errs []error
 	if err := checkName("workflow name", name); err != nil {
@@ -274,6 +295,7 @@ func (w *Workflow[S]) phaseList() []string                       { return w.phas
 func (w *Workflow[S]) shape() string                             { return w.shapeHash }
 func (w *Workflow[S]) phaseSteps() []step                        { return w.steps }
 func (w *Workflow[S]) keepsFinishedState() bool                  { return w.keepState }
+func (w *Workflow[S]) assumesNewKeys() bool                      { return w.assumeNew }
 func (w *Workflow[S]) replayable() map[string]bool               { return w.replayHeaders }
 func (w *Workflow[S]) initialState(req *Request) ([]byte, error) { return w.start(req) }
 
@@ -286,6 +308,7 @@ type AnyWorkflow interface {
 	phaseSteps() []step
 	initialState(req *Request) ([]byte, error)
 	keepsFinishedState() bool
+	assumesNewKeys() bool
 	replayable() map[string]bool
 	definition() []string
 	resumeAt(recoveryPoint, jumpTarget string) (int, error)

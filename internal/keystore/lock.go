@@ -122,6 +122,11 @@ type Peeked struct {
 // for every target and the pointers it returns into), and passes the lock
 // timeout boxed once.
 func (s *Store) Peek(ctx context.Context, db DB, scope, key, workflow string, fingerprint []byte) (p Peeked, found bool, err error) {
+	return scanPeeked(db.QueryRow(ctx, s.sql.peek, scope, key, s.lockTimeoutArg, workflow, fingerprint))
+}
+
+// scanPeeked scans peekSQL's answer.
+func scanPeeked(row pgx.Row) (p Peeked, found bool, err error) {
 	var sc struct {
 		p         Peeked
 		status    pgtype.Int4
@@ -129,9 +134,8 @@ func (s *Store) Peek(ctx context.Context, db DB, scope, key, workflow string, fi
 		st        int
 		live      bool
 	}
-	err = db.QueryRow(ctx, s.sql.peek, scope, key, s.lockTimeoutArg, workflow, fingerprint).
-		Scan(&sc.p.Same, &sc.status, &sc.p.ResponseHeader, &sc.p.ResponseBody, &sc.p.Takeable, &sc.expiresIn,
-			&sc.p.Parked, &sc.live)
+	err = row.Scan(&sc.p.Same, &sc.status, &sc.p.ResponseHeader, &sc.p.ResponseBody, &sc.p.Takeable, &sc.expiresIn,
+		&sc.p.Parked, &sc.live)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return p, false, nil
 	}
@@ -189,6 +193,13 @@ type Recording struct {
 	claim, final string
 	req          *Request
 	lease        any
+	// peek is set for a recording that assumes its key is new (Assume):
+	// the key's read travels ahead of the claim, in the same batch.
+	peek string
+	// Found is what the read ahead of the claim found when the key
+	// existed (the claim then refused it): all a replay or a refusal
+	// needs, in the round trip that was to record the key.
+	Found *Peeked
 	// Sent and Recorded say how its latest sending went: Sent is set once
 	// the server answered the claim, Recorded when that answer was that
 	// the key is ours to record (false: the key existed, or another
@@ -211,15 +222,66 @@ func (s *Store) NewRecording(req *Request) *Recording {
 	return &Recording{sql: s.sql.record, claim: s.sql.claim, final: s.sql.recordUnit, req: req, lease: s.lockTimeoutArg}
 }
 
-// Queue adds the recording's claim to b, at the head of the transaction.
+// Assume makes the recording assume the key is new, on one PostgreSQL:
+// the request sends no read of its key before its first unit; the read
+// goes ahead of the claim in the unit's first batch instead (Queue), and a
+// key that exists fails the claim, which ends the batch's implicit
+// transaction there, with the read's answer in Found. A batch that opens
+// a transaction block reads the key on its own first (ReadAhead), so that
+// a key that exists costs no ROLLBACK.
+func (rec *Recording) Assume(s *Store) {
+	rec.peek = s.sql.peek
+}
+
+// Assumes reports whether the recording assumes its key is new (Assume).
+func (rec *Recording) Assumes() bool { return rec.peek != "" }
+
+// ReadAhead reads the key on its own, for a recording that assumes it is
+// new and is about to be sent in a transaction block: ErrNotRecorded, with
+// Found set, when the key exists.
+func (rec *Recording) ReadAhead(ctx context.Context, db DB) error {
+	r := rec.req
+	p, found, err := scanPeeked(db.QueryRow(ctx, rec.peek, r.Scope, r.Key, rec.lease, r.Workflow, r.Fingerprint))
+	if err != nil {
+		return err
+	}
+	if found {
+		rec.Found = &p
+		rec.Sent = true
+		return ErrNotRecorded
+	}
+	// Read: the claim need not read it again (a key recorded since
+	// fails the final insert, as any recording's does).
+	rec.peek = ""
+	return nil
+}
+
+// Queue adds the recording's claim to b, at the head of the transaction:
+// for a recording that assumes its key is new, after the key's read.
 func (rec *Recording) Queue(b *pgx.Batch) {
+	if rec.peek != "" {
+		r := rec.req
+		b.Queue(rec.peek, r.Scope, r.Key, rec.lease, r.Workflow, r.Fingerprint)
+	}
 	b.Queue(rec.claim, rec.req.Scope, rec.req.Key)
 }
 
-// Read reads the claim's answer from br: an error raising
-// RecordingInFlightCode when another transaction is recording the key.
+// Read reads the claim's answer from br (and, first, the key's read that
+// went ahead of it): an error raising RecordingInFlightCode when another
+// transaction is recording the key, or RecordedMeanwhileCode when it
+// exists (with Found set when the read saw it).
 func (rec *Recording) Read(br pgx.BatchResults) error {
 	rec.Sent, rec.Recorded = false, false
+	rec.Found = nil
+	if rec.peek != "" {
+		p, found, err := scanPeeked(br.QueryRow())
+		if err != nil {
+			return err
+		}
+		if found {
+			rec.Found = &p
+		}
+	}
 	if _, err := br.Exec(); err != nil {
 		// The claim's own refusal: the key is another request's. Any other
 		// error says nothing of the key: the connection broke (the claim's
