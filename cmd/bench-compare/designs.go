@@ -242,8 +242,9 @@ SELECT id, 'ride.charged', $3 FROM rides WHERE user_id = $1 AND idempotency_key 
 // rideWorkflow is the same request through atomicphase: a local phase
 // that inserts the ride (queued, so it travels with the commit that also
 // records the key), a foreign phase that charges and whose record step
-// queues the charge's update and the outbox row and responds.
-func rideWorkflow(us *users, pay *benchkit.Payments) *atomicphase.Workflow[rideState] {
+// queues the charge's update and the outbox row and responds. assumeNew
+// is WorkflowOpts.AssumeNewKeys.
+func rideWorkflow(us *users, pay *benchkit.Payments, assumeNew bool) *atomicphase.Workflow[rideState] {
 	start := func(in rideInput, req *atomicphase.Request) (rideState, error) {
 		u, ok := us.get(req.Scope)
 		if !ok {
@@ -273,7 +274,7 @@ func rideWorkflow(us *users, pay *benchkit.Payments) *atomicphase.Workflow[rideS
 			body, err := json.Marshal(rideResponse{Key: r.Key, ChargeID: r.ChargeID, Amount: amount, Currency: currency})
 			return atomicphase.Respond(http.StatusCreated, body), err
 		}),
-	}, nil)
+	}, &atomicphase.WorkflowOpts{AssumeNewKeys: assumeNew})
 }
 
 // runAtomicphase answers a request through runner and returns the

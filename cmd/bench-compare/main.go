@@ -13,7 +13,8 @@
 //	    ride, the call, then one pipelined transaction (a batch, BEGIN …
 //	    COMMIT) records the charge, the outbox row and the response;
 //	(b) atomicphase: a local phase create_ride, a foreign phase charge
-//	    whose record step writes the rest and responds, through Runner.Run;
+//	    whose record step writes the rest and responds, through Runner.Run
+//	    (with -assume-new-keys, under WorkflowOpts.AssumeNewKeys);
 //	(c) replays of finished keys through Runner.Run;
 //	(d) a primary-key SELECT of a key row's response: the floor of (c).
 //
@@ -58,6 +59,7 @@ type options struct {
 	cpuprofile  string
 	memprofile  string
 	pgss        bool
+	assumeNew   bool
 	diagClients int
 	serverCores string
 }
@@ -74,6 +76,7 @@ func parseFlags(args []string, errOut io.Writer) (*options, error) {
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "after the rounds, run each design at -diag-clients clients once more and write this process's CPU profile of atomicphase (b) to `FILE`, and of (a), (c) and (d) to FILE with -handwritten, -replay and -pkselect before its extension")
 	fs.StringVar(&o.memprofile, "memprofile", "", "like -cpuprofile, for the heap allocations of each design's extra run (go tool pprof -sample_index=alloc_objects FILE)")
 	fs.BoolVar(&o.pgss, "pgss", false, "enable pg_stat_statements and, after the rounds, print each design's top statements by total time at -diag-clients clients")
+	fs.BoolVar(&o.assumeNew, "assume-new-keys", false, "run (b) and (c) with WorkflowOpts.AssumeNewKeys: a new key's read rides in its first unit's batch")
 	fs.IntVar(&o.diagClients, "diag-clients", 8, "the concurrency of the -cpuprofile and -pgss runs")
 	fs.StringVar(&o.serverCores, "server-cores", "", "run the server bench-compare starts on these CPUs (taskset's `list`, e.g. 0-7), and pin this command elsewhere yourself (taskset -c 8-15 bench-compare …)")
 	if err := fs.Parse(args); err != nil {
@@ -150,7 +153,7 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 	defer fake.Close()
 	fmt.Fprintf(out, "payment API: fakestripe at %s, in this process\n", fake.URL)
 
-	b, err := newBench(ctx, db.config, db.admin, fake, maxClients)
+	b, err := newBench(ctx, db.config, db.admin, fake, maxClients, o.assumeNew)
 	if err != nil {
 		return err
 	}

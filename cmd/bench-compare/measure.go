@@ -85,10 +85,11 @@ func poolFor(ctx context.Context, base *pgxpool.Config, maxConns int) (*pgxpool.
 
 // newBench opens the four designs' pools with base's settings, on a
 // database with the atomicphase schema and the bench's own (see schema);
-// maxClients is the largest number of concurrent clients to be measured.
-func newBench(ctx context.Context, base *pgxpool.Config, admin *pgxpool.Pool, fake *fakestripe.Server, maxClients int) (*bench, error) {
+// maxClients is the largest number of concurrent clients to be measured;
+// assumeNew sets WorkflowOpts.AssumeNewKeys on (b)'s and (c)'s workflow.
+func newBench(ctx context.Context, base *pgxpool.Config, admin *pgxpool.Pool, fake *fakestripe.Server, maxClients int, assumeNew bool) (*bench, error) {
 	b := &bench{admin: admin, fake: fake, pay: benchkit.NewPayments(fake.URL, 512), users: &users{m: map[string]*user{}}}
-	b.wf = rideWorkflow(b.users, b.pay)
+	b.wf = rideWorkflow(b.users, b.pay, assumeNew)
 	pools := make([]*pgxpool.Pool, 4)
 	tracers := make([]*tracer, 4)
 	for i := range pools {
