@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -281,4 +282,48 @@ func TestAssumeNewKeysDuplicatesPayOnce(t *testing.T) {
 	require.Equal(t, int64(1), created.Load(), "one creation")
 	require.Equal(t, int64(n-1), replays.Load(), "every other duplicate replayed")
 	require.Zero(t, phaseFailed.Load(), "no phase failed: the duplicates' runs were never theirs")
+}
+
+// A key that exists ends the batch that was to record it with an error. pgx
+// takes any failed batch for stale cached plans, and would deallocate the
+// batch's statements and prepare them again on the next request (two more
+// round trips): the statements of such a batch are prepared by name, out
+// of the cache, and survive. The connection goes back to the pool whole.
+func TestAssumeNewKeysKeepsTheStatementsOfAReplay(t *testing.T) {
+	t.Parallel()
+	shop := &assumeShop{charges: map[string]int{}}
+	wf := assumeWorkflow(t, shop, false)
+	b, _ := assumeSetup(t, nil, wf)
+	prepared := func() map[string]string {
+		// On the pool's one connection, in the simple protocol: the query
+		// itself prepares nothing.
+		rows, err := b.db.Pool.Query(b.ctx, `SELECT name, prepare_time::text FROM pg_prepared_statements`, pgx.QueryExecModeSimpleProtocol)
+		require.NoError(t, err)
+		m := map[string]string{}
+		for rows.Next() {
+			var name, at string
+			require.NoError(t, rows.Scan(&name, &at))
+			m[name] = at
+		}
+		require.NoError(t, rows.Err())
+		return m
+	}
+	_, err := b.runner.Run(b.ctx, wf, assumeRequest("k1", "rocket"))
+	require.NoError(t, err)
+	resp, err := b.runner.Run(b.ctx, wf, assumeRequest("k1", "rocket"))
+	require.NoError(t, err)
+	require.True(t, resp.Replayed)
+	_, err = b.runner.Run(b.ctx, wf, assumeRequest("k2", "rocket"))
+	require.NoError(t, err)
+	before := prepared()
+	opened := b.db.Pool.Stat().NewConnsCount()
+	for i := range 5 {
+		resp, err := b.runner.Run(b.ctx, wf, assumeRequest("k1", "rocket"))
+		require.NoError(t, err)
+		require.True(t, resp.Replayed)
+		_, err = b.runner.Run(b.ctx, wf, assumeRequest(fmt.Sprintf("new-%d", i), "rocket"))
+		require.NoError(t, err)
+	}
+	require.Equal(t, before, prepared(), "the connection's prepared statements, and when each was prepared")
+	require.Equal(t, opened, b.db.Pool.Stat().NewConnsCount(), "connections opened by the replays")
 }

@@ -266,6 +266,7 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 	tx := newPhaseTx(pc.Conn(), steps[idx].isolation)
 	if tx.rec = a.rec; tx.rec != nil {
 		tx.rec.Sent, tx.rec.Recorded = false, false
+		tx.assumed = a.r.assumed
 	}
 	var ran []phaseRun // phases of this unit whose functions are done
 	committed := false

@@ -41,6 +41,9 @@ type phaseTx struct {
 	phase string
 	// rec records the key, until sent.
 	rec *keystore.Recording
+	// assumed prepares the statements of a batch that assumes its key is
+	// new (rec.Assumes) by name; nil for none.
+	assumed *assumedStatements
 	// queue holds the statements queued since the last send.
 	queue []queued
 	// other is set once a statement was queued that is not a row
@@ -229,6 +232,10 @@ func (t *phaseTx) sendBatch(ctx context.Context, mayBegin bool, tail func(*pgx.B
 	}
 	if tail != nil {
 		tail(b)
+	}
+	if rec != nil && rec.Assumes() {
+		// The batch fails when the key exists: see assume_prepare.go.
+		t.assumed.prepare(ctx, t.conn, b)
 	}
 	br := t.conn.SendBatch(ctx, b)
 	if begin {
