@@ -103,13 +103,16 @@ func assumeRequest(key, item string) atomicphase.Request {
 
 // assumeSetup is a Runner on one traced connection, warmed up so that it
 // knows its database commits a batch's implicit transaction whole.
-func assumeSetup(t *testing.T, cfg *atomicphase.Config, wf atomicphase.AnyWorkflow) (*testBundle, *atomicphasetest.RoundTrips) {
+func assumeSetup(t *testing.T, cfg *atomicphase.Config, wf atomicphase.AnyWorkflow, mode ...pgx.QueryExecMode) (*testBundle, *atomicphasetest.RoundTrips) {
 	t.Helper()
 	counter := &atomicphasetest.RoundTrips{}
 	opts := *testDBOpts
 	opts.PoolConfig = func(c *pgxpool.Config) {
 		c.MaxConns = 1 // one connection, so statements stay prepared
 		c.ConnConfig.Tracer = counter
+		if len(mode) > 0 {
+			c.ConnConfig.DefaultQueryExecMode = mode[0]
+		}
 	}
 	db := atomicphasetest.NewDB(t, &opts)
 	runner, err := atomicphase.NewRunner(db.Pool, cfg)
@@ -326,4 +329,72 @@ func TestAssumeNewKeysKeepsTheStatementsOfAReplay(t *testing.T) {
 	}
 	require.Equal(t, before, prepared(), "the connection's prepared statements, and when each was prepared")
 	require.Equal(t, opened, b.db.Pool.Stat().NewConnsCount(), "connections opened by the replays")
+}
+
+// A statement prepared by name is never prepared again by pgx: when the
+// server loses it (DEALLOCATE ALL) or its plan goes stale (a column added
+// to a table a RETURNING * reads), every later batch on the connection
+// would fail, and park its key. A batch that fails for another reason than
+// its key deallocates them, and the next one prepares them again, as pgx's
+// cache does.
+func TestAssumeNewKeysRecoversFromLostStatements(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ name, sql string }{
+		{"deallocate all", `DEALLOCATE ALL`},
+		{"a column added", `ALTER TABLE effects ADD COLUMN extra int`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			start := func(in assumeInput, req *atomicphase.Request) (assumeState, error) {
+				return assumeState{Key: req.Key, Item: in.Item}, nil
+			}
+			wf, err := atomicphase.NewWorkflow("lost", start, []atomicphase.Phase[assumeState]{
+				atomicphase.Local("create", func(ctx context.Context, tx atomicphase.Tx, s *assumeState) (atomicphase.Outcome, error) {
+					tx.Queue(`INSERT INTO effects (scope, key, phase) VALUES ('u', $1, 'create') RETURNING *`, s.Key)
+					return atomicphase.Respond(201, []byte("ok")), nil
+				}),
+			}, &atomicphase.WorkflowOpts{AssumeNewKeys: true})
+			require.NoError(t, err)
+			b, _ := assumeSetup(t, nil, wf)
+			for _, k := range []string{"k1", "k1", "k2"} {
+				_, err = b.runner.Run(b.ctx, wf, assumeRequest(k, "x"))
+				require.NoError(t, err)
+			}
+			_, err = b.db.Pool.Exec(b.ctx, c.sql, pgx.QueryExecModeSimpleProtocol)
+			require.NoError(t, err)
+			var failed []string
+			for i := range 6 {
+				if _, err := b.runner.Run(b.ctx, wf, assumeRequest(fmt.Sprintf("n%d", i), "x")); err != nil {
+					failed = append(failed, fmt.Sprintf("n%d: %v", i, err))
+				}
+			}
+			require.LessOrEqual(t, len(failed), 2, "new keys that failed after the statements were lost: %q", failed)
+			for i := 4; i < 6; i++ {
+				require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idempotency_keys WHERE idempotency_key = $1 AND response_status = 201`, fmt.Sprintf("n%d", i)),
+					"n%d finished once the connection recovered", i)
+			}
+		})
+	}
+}
+
+// In pgx's QueryExecModeCacheDescribe (the mode for PgBouncer's
+// transaction pooling), a failed batch costs its statements' descriptions,
+// described again in a round trip of their own: the option does nothing
+// there, and a key is read first, as without it.
+func TestAssumeNewKeysDoesNothingInCacheDescribeMode(t *testing.T) {
+	t.Parallel()
+	shop := &assumeShop{charges: map[string]int{}}
+	wf := assumeWorkflow(t, shop, false)
+	b, counter := assumeSetup(t, nil, wf, pgx.QueryExecModeCacheDescribe)
+	_, err := b.runner.Run(b.ctx, wf, assumeRequest("k0", "rocket"))
+	require.NoError(t, err)
+	creates := shop.creates.Load()
+	counter.Reset()
+	_, err = b.runner.Run(b.ctx, wf, assumeRequest("k1", "rocket"))
+	require.NoError(t, err)
+	require.Equal(t, int64(3), counter.Count(), "the key read, then the two units")
+	resp, err := b.runner.Run(b.ctx, wf, assumeRequest("k1", "rocket"))
+	require.NoError(t, err)
+	require.True(t, resp.Replayed)
+	require.Equal(t, creates+1, shop.creates.Load(), "the replay ran no phase")
 }

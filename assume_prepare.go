@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // A batch that assumes its key is new (WorkflowOpts.AssumeNewKeys) fails,
@@ -20,61 +21,113 @@ import (
 // cache, and out of its invalidation. So on a connection in pgx's default
 // mode (QueryExecModeCacheStatement), every statement of such a batch is
 // prepared by name before it is sent: once per connection and statement,
-// a primary-key lookup in pgx's map afterwards. The texts are bounded per
-// Runner (maxAssumedStatements), so that a workflow building its SQL text
-// per request cannot fill the server's memory with prepared statements;
-// past the bound, statements go through the cache as any other.
+// a lookup in pgx's map afterwards. The texts are bounded per pool
+// (maxAssumedStatements), so that a workflow building its SQL text per
+// request cannot fill the server's memory with prepared statements; past
+// the bound, statements go through the cache as any other. A batch that
+// fails for any other reason than its key deallocates them (forgetNamed),
+// as pgx's cache would.
 
 // maxAssumedStatements bounds the statement texts a Runner prepares by
 // name for assumed batches, on each connection.
 const maxAssumedStatements = 256
 
-// assumedStatements are the statement texts a Runner prepares by name.
+// assumedStatements are the statement texts a Runner prepares by name on
+// one pool's connections: true for those it prepares, false for those the
+// server refused to prepare (left to the batch, and not tried again).
 type assumedStatements struct {
 	mu    sync.RWMutex
 	texts map[string]bool
 }
 
-// newAssumedStatements returns the registry of a Runner whose pool runs in
-// mode, or nil when the mode needs none: only QueryExecModeCacheStatement
-// deallocates the statements of a failed batch (QueryExecModeCacheDescribe
-// describes them again; the other modes cache nothing).
-func newAssumedStatements(mode pgx.QueryExecMode) *assumedStatements {
-	if mode != pgx.QueryExecModeCacheStatement {
-		return nil
+// assumeWay is how a pool's connections run a batch that assumes its key
+// is new: not at all (the key is read first, as without the option), or
+// with its statements prepared by name when named is not nil.
+type assumeWay struct {
+	ok    bool
+	named *assumedStatements
+}
+
+// assumeWayFor returns how pool's connections run assumed batches, from
+// its pgx query exec mode: QueryExecModeCacheStatement prepares their
+// statements by name; QueryExecModeCacheDescribe runs none, since pgx
+// forgets a failed batch's descriptions and describes them again in a
+// round trip of its own (a replay would cost two); the other modes cache
+// nothing, and run them as they are.
+func (r *Runner) assumeWayFor(pool *pgxpool.Pool) assumeWay {
+	if w, ok := r.assumeWays.Load(pool); ok {
+		return w.(assumeWay)
 	}
-	return &assumedStatements{texts: map[string]bool{}}
+	var w assumeWay
+	switch pool.Config().ConnConfig.DefaultQueryExecMode {
+	case pgx.QueryExecModeCacheStatement:
+		w = assumeWay{ok: true, named: &assumedStatements{texts: map[string]bool{}}}
+	case pgx.QueryExecModeCacheDescribe:
+	default:
+		w = assumeWay{ok: true}
+	}
+	actual, _ := r.assumeWays.LoadOrStore(pool, w)
+	return actual.(assumeWay)
 }
 
 // admit reports whether sql is prepared by name: it is when it was
 // admitted before, or when the bound leaves room for it.
 func (s *assumedStatements) admit(sql string) bool {
 	s.mu.RLock()
-	ok := s.texts[sql]
+	ok, seen := s.texts[sql]
 	full := len(s.texts) >= maxAssumedStatements
 	s.mu.RUnlock()
-	if ok || full {
+	if seen || full {
 		return ok
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.texts) >= maxAssumedStatements {
-		return s.texts[sql]
+	if ok, seen := s.texts[sql]; seen || len(s.texts) >= maxAssumedStatements {
+		return ok
 	}
 	s.texts[sql] = true
 	return true
 }
 
+// refuse notes that the server refused to prepare sql.
+func (s *assumedStatements) refuse(sql string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.texts[sql] = false
+}
+
 // prepare prepares by name, on conn, every statement of b that admit
-// admits. A statement the server refuses to prepare is left to the batch,
-// which fails on it as it would have.
-func (s *assumedStatements) prepare(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) {
+// admits, and returns their texts. A statement the server refuses to
+// prepare is left to the batch, which fails on it as it would have.
+func (s *assumedStatements) prepare(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) []string {
 	if s == nil {
-		return
+		return nil
 	}
+	var named []string
 	for _, q := range b.QueuedQueries {
-		if s.admit(q.SQL) {
-			_, _ = conn.Prepare(ctx, q.SQL, q.SQL)
+		if !s.admit(q.SQL) {
+			continue
 		}
+		if _, err := conn.Prepare(ctx, q.SQL, q.SQL); err != nil {
+			s.refuse(q.SQL)
+			continue
+		}
+		named = append(named, q.SQL)
 	}
+	return named
+}
+
+// forgetNamed deallocates the statements prepared by name for the batch
+// that failed, unless it failed on its claim's refusal: a statement
+// prepared by name is never prepared again by pgx, so one the server lost
+// (DEALLOCATE ALL) or whose plan went stale (a column added: "cached plan
+// must not change result type") would fail every later batch on the
+// connection. Prepared again by the next batch that needs it, as pgx's
+// cache does after any failed batch. Best effort: a connection that broke
+// is discarded by the pool anyway.
+func (t *phaseTx) forgetNamed(ctx context.Context) {
+	for _, sql := range t.named {
+		_ = t.conn.Deallocate(ctx, sql)
+	}
+	t.named = nil
 }

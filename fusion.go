@@ -266,7 +266,7 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 	tx := newPhaseTx(pc.Conn(), steps[idx].isolation)
 	if tx.rec = a.rec; tx.rec != nil {
 		tx.rec.Sent, tx.rec.Recorded = false, false
-		tx.assumed = a.r.assumed
+		tx.assumed = a.named
 	}
 	var ran []phaseRun // phases of this unit whose functions are done
 	committed := false
@@ -283,6 +283,12 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 		case !committed && tx.begun():
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 			_ = tx.rollback(cctx) // a broken connection is discarded by the pool
+			cancel()
+		case ue != nil && len(tx.named) > 0 && !errors.Is(ue.err, keystore.ErrNotRecorded):
+			// An assumed batch that failed for another reason than its
+			// key (assume_prepare.go).
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+			tx.forgetNamed(cctx)
 			cancel()
 		}
 		pc.Release()

@@ -42,8 +42,10 @@ type phaseTx struct {
 	// rec records the key, until sent.
 	rec *keystore.Recording
 	// assumed prepares the statements of a batch that assumes its key is
-	// new (rec.Assumes) by name; nil for none.
+	// new (rec.Assumes) by name; nil for none. named are the texts it
+	// prepared for the batch sent last.
 	assumed *assumedStatements
+	named   []string
 	// queue holds the statements queued since the last send.
 	queue []queued
 	// other is set once a statement was queued that is not a row
@@ -235,7 +237,7 @@ func (t *phaseTx) sendBatch(ctx context.Context, mayBegin bool, tail func(*pgx.B
 	}
 	if rec != nil && rec.Assumes() {
 		// The batch fails when the key exists: see assume_prepare.go.
-		t.assumed.prepare(ctx, t.conn, b)
+		t.named = t.assumed.prepare(ctx, t.conn, b)
 	}
 	br := t.conn.SendBatch(ctx, b)
 	if begin {

@@ -97,12 +97,14 @@ func (r *Runner) run(ctx context.Context, wf AnyWorkflow, req *Request, fp Finge
 		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)
 	}
 	if wf.assumesNewKeys() && r.implicitCommits.Load() {
-		// WorkflowOpts.AssumeNewKeys: the key is read in the first
-		// unit's batch, ahead of its recording.
-		if err := r.faultBeforeTake(ctx, wf.Name(), pc, false); err != nil {
-			return nil, injected(err)
+		if way := r.assumeWayFor(r.poolFor(req.Scope)); way.ok {
+			// WorkflowOpts.AssumeNewKeys: the key is read in the first
+			// unit's batch, ahead of its recording.
+			if err := r.faultBeforeTake(ctx, wf.Name(), pc, false); err != nil {
+				return nil, injected(err)
+			}
+			return r.runNew(ctx, wf, req, fp, pc, &way)
 		}
-		return r.runNew(ctx, wf, req, fp, pc, true)
 	}
 	p, found, err := r.store.Peek(ctx, pc.Conn(), req.Scope, req.Key, wf.Name(), fp[:])
 	switch {
@@ -115,7 +117,7 @@ func (r *Runner) run(ctx context.Context, wf AnyWorkflow, req *Request, fp Finge
 		if err := r.faultBeforeTake(ctx, wf.Name(), pc, false); err != nil {
 			return nil, injected(err)
 		}
-		return r.runNew(ctx, wf, req, fp, pc, false)
+		return r.runNew(ctx, wf, req, fp, pc, nil)
 	}
 	pc.Release()
 	return r.runFound(ctx, wf, req, fp, &p)
@@ -156,10 +158,10 @@ func (r *Runner) fusesRecording(wf AnyWorkflow) bool {
 // run answers one its read found. So is one whose request the start
 // function refuses, read then: a request reusing another's key is told
 // so, whatever its input.
-func (r *Runner) runNew(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, pc *pgxpool.Conn, assume bool) (resp *Response, err error) {
+func (r *Runner) runNew(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, pc *pgxpool.Conn, assume *assumeWay) (resp *Response, err error) {
 	state, err := r.initialState(ctx, wf, req)
 	if err != nil {
-		if assume {
+		if assume != nil {
 			return r.runRefusedStart(ctx, wf, req, fp, pc, err)
 		}
 		pc.Release()
@@ -167,11 +169,12 @@ func (r *Runner) runNew(ctx context.Context, wf AnyWorkflow, req *Request, fp Fi
 	}
 	token := newLockToken()
 	rec := r.store.NewRecording(r.keyRequest(wf, req, fp, state, token))
-	if assume {
-		rec.Assume(r.store)
-	}
 	a := &attempt{r: r, wf: wf, scope: req.Scope, key: req.Key, token: token, attempts: 1, fresh: true,
 		resumedFrom: RecoveryPointStarted, conn: pc, rec: rec}
+	if assume != nil {
+		rec.Assume(r.store)
+		a.named = assume.named
+	}
 	defer a.parkOnPanic(ctx)
 	resp, err = a.loop(ctx, 0, state)
 	if errors.Is(err, keystore.ErrNotRecorded) {

@@ -38,10 +38,10 @@ type Runner struct {
 	// commit then goes without BEGIN and COMMIT (see attempt.commit).
 	// Unset, every unit is sent inside BEGIN and COMMIT.
 	implicitCommits atomic.Bool
-	// assumed are the statements prepared by name for the batches of
-	// WorkflowOpts.AssumeNewKeys (assume_prepare.go); nil when the pool's
-	// mode needs none.
-	assumed *assumedStatements
+	// assumeWays says, by pool, how its connections run the batches of
+	// WorkflowOpts.AssumeNewKeys (assume_prepare.go): *pgxpool.Pool to
+	// assumeWay.
+	assumeWays sync.Map
 }
 
 // NewRunner returns a Runner that stores keys through pool, which must reach
@@ -57,8 +57,7 @@ func NewRunner(pool *pgxpool.Pool, config *Config) (*Runner, error) {
 		return nil, err
 	}
 	return &Runner{pool: pool, cfg: cfg, store: keystore.New(cfg.Schema, cfg.LockTimeout),
-		workflows: map[string]AnyWorkflow{}, versions: map[string]map[string]AnyWorkflow{}, order: map[string][]AnyWorkflow{}, conflicts: map[string]error{},
-		assumed: newAssumedStatements(pool.Config().ConnConfig.DefaultQueryExecMode)}, nil
+		workflows: map[string]AnyWorkflow{}, versions: map[string]map[string]AnyWorkflow{}, order: map[string][]AnyWorkflow{}, conflicts: map[string]error{}}, nil
 }
 
 // Register makes workflows resumable with Resume and the sweep: each key

@@ -22,6 +22,7 @@ func TestExploreConcurrentDuplicateAtEveryPoint(t *testing.T) {
 		sc   atomicphasetest.Scenario
 	}{
 		{"shop", shopScenario(testshop.Sound)},
+		{"shop assuming new keys", shopScenario(testshop.AssumingNew)},
 		{"payout answer lost", payoutScenario(testshop.BankActThenLose, true)},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -186,3 +186,17 @@ func uniq(ps []faultinject.Passed) map[atomicphase.FaultPoint]bool {
 	}
 	return m
 }
+
+// The shop with WorkflowOpts.AssumeNewKeys, its key's read riding in the
+// first unit's batch: a fault at every point, and the retries that follow
+// (replays and takes answered from that read), still make one charge and
+// one order.
+func TestExploreAssumingNewKeys(t *testing.T) {
+	t.Parallel()
+	sc := shopScenario(testshop.AssumingNew)
+	if testing.Verbose() {
+		sc.Out = os.Stdout
+	}
+	rep := atomicphasetest.Explore(t, sc)
+	require.Len(t, uniq(rep.Points), 10, "the same points as without the option")
+}

@@ -294,6 +294,9 @@ func (rec *Recording) Read(br pgx.BatchResults) error {
 		return err
 	}
 	rec.Sent, rec.Recorded = true, true // claimed: the commit records the key
+	// A key the read found and that was deleted before the claim: the
+	// read is out of date.
+	rec.Found = nil
 	return nil
 }
 

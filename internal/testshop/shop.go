@@ -62,6 +62,11 @@ const (
 	OutsideGuard
 	// OutsideTx writes its business row outside the phase transaction.
 	OutsideTx
+	// AssumingNew is sound, not flawed: the workflow sets
+	// WorkflowOpts.AssumeNewKeys and create_order queues its insert (with
+	// an order id of its own choosing), so that a new key's read rides in
+	// the first unit's batch.
+	AssumingNew
 )
 
 // Workflow is "shop": create_order → charge (foreign, at the payment API at
@@ -99,6 +104,15 @@ func Workflow(url string, pool *pgxpool.Pool, f Flaw) *atomicphase.Workflow[Orde
 			if f == OutsideTx {
 				db = pool // the flaw: an autocommit write, outside the phase
 			}
+			if f == AssumingNew {
+				// Far above the serial's ids; a new one on every run of the
+				// phase, whose earlier runs rolled back.
+				b := make([]byte, 5)
+				_, _ = rand.Read(b)
+				o.OrderID = 1<<50 + int64(b[0])<<32 | int64(b[1])<<24 | int64(b[2])<<16 | int64(b[3])<<8 | int64(b[4])
+				tx.Queue(`INSERT INTO orders (id, item) VALUES ($1, $2)`, o.OrderID, o.Item)
+				return atomicphase.Continue(), nil
+			}
 			if err := db.QueryRow(ctx, `INSERT INTO orders (item) VALUES ($1) RETURNING id`, o.Item).Scan(&o.OrderID); err != nil {
 				return atomicphase.Outcome{}, err
 			}
@@ -132,7 +146,7 @@ func Workflow(url string, pool *pgxpool.Pool, f Flaw) *atomicphase.Workflow[Orde
 			body, err := json.Marshal(o)
 			return atomicphase.Respond(201, body), err
 		}),
-	}, nil)
+	}, &atomicphase.WorkflowOpts{AssumeNewKeys: f == AssumingNew})
 }
 
 // Request is the one request the tests send.
