@@ -110,8 +110,13 @@ func assumeSetup(t *testing.T, cfg *atomicphase.Config, wf atomicphase.AnyWorkfl
 	opts.PoolConfig = func(c *pgxpool.Config) {
 		c.MaxConns = 1 // one connection, so statements stay prepared
 		c.ConnConfig.Tracer = counter
-		if len(mode) > 0 {
+		switch {
+		case len(mode) > 0:
 			c.ConnConfig.DefaultQueryExecMode = mode[0]
+		case c.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheDescribe:
+			// The option does nothing in this mode (make test/execmodes
+			// runs the suite in it): TestAssumeNewKeysDoesNothingInCacheDescribeMode.
+			c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement
 		}
 	}
 	db := atomicphasetest.NewDB(t, &opts)
