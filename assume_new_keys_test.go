@@ -165,11 +165,7 @@ func TestAssumeNewKeysRecordsInTwoRoundTripsAndAnswersInOne(t *testing.T) {
 			require.Equal(t, 201, resp.Status)
 			require.Equal(t, first, resp.Body, "the replay's bytes")
 			require.Equal(t, int64(1), counter.Count(), "a replay is one round trip")
-			if alone {
-				require.Equal(t, creates+1, shop.creates.Load(), "the create phase ran up to its first statement")
-			} else {
-				require.Equal(t, creates+1, shop.creates.Load(), "the create phase ran, its write queued")
-			}
+			require.Equal(t, creates+1, shop.creates.Load(), "the create phase ran, up to its first statement or its write queued")
 
 			counter.Reset()
 			_, err = b.runner.Run(b.ctx, wf, assumeRequest("k1", "a different item"))

@@ -44,9 +44,9 @@ type attempt struct {
 	// unit's transaction (phase fusion); nil once committed, and for keys
 	// acquired on their own.
 	rec *keystore.Recording
-	// named prepares by name the statements of the batch that assumes
+	// assumed prepares by name the statements of the batch that assumes
 	// rec's key is new (assume_prepare.go); nil for none.
-	named *assumedStatements
+	assumed *assumedStatements
 	// conn is a connection already in hand, for the first unit.
 	conn *pgxpool.Conn
 	// leaseFrom is the local time the last statement that started or

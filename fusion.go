@@ -266,7 +266,7 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 	tx := newPhaseTx(pc.Conn(), steps[idx].isolation)
 	if tx.rec = a.rec; tx.rec != nil {
 		tx.rec.Sent, tx.rec.Recorded = false, false
-		tx.assumed = a.named
+		tx.assumed = a.assumed
 	}
 	var ran []phaseRun // phases of this unit whose functions are done
 	committed := false
@@ -284,7 +284,7 @@ func (a *attempt) unit(ctx context.Context, idx int, state []byte, pr phaseRun, 
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 			_ = tx.rollback(cctx) // a broken connection is discarded by the pool
 			cancel()
-		case ue != nil && len(tx.named) > 0 && !errors.Is(ue.err, keystore.ErrNotRecorded):
+		case !committed && ue != nil && len(tx.named) > 0 && !errors.Is(ue.err, keystore.ErrNotRecorded):
 			// An assumed batch that failed for another reason than its
 			// key (assume_prepare.go).
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)

@@ -92,12 +92,13 @@ func (r *Runner) run(ctx context.Context, wf AnyWorkflow, req *Request, fp Finge
 	if !r.fusesRecording(wf) {
 		return r.runExisting(ctx, wf, req, fp)
 	}
-	pc, err := r.poolFor(req.Scope).Acquire(ctx)
+	pool := r.poolFor(req.Scope)
+	pc, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)
 	}
 	if wf.assumesNewKeys() && r.implicitCommits.Load() {
-		if way := r.assumeWayFor(r.poolFor(req.Scope)); way.ok {
+		if way := r.assumeWayFor(pool); way.ok {
 			// WorkflowOpts.AssumeNewKeys: the key is read in the first
 			// unit's batch, ahead of its recording.
 			if err := r.faultBeforeTake(ctx, wf.Name(), pc, false); err != nil {
@@ -173,7 +174,7 @@ func (r *Runner) runNew(ctx context.Context, wf AnyWorkflow, req *Request, fp Fi
 		resumedFrom: RecoveryPointStarted, conn: pc, rec: rec}
 	if assume != nil {
 		rec.Assume(r.store)
-		a.named = assume.named
+		a.assumed = assume.named
 	}
 	defer a.parkOnPanic(ctx)
 	resp, err = a.loop(ctx, 0, state)

@@ -23,7 +23,7 @@ func TestMain(m *testing.M) { os.Exit(atomicphasetest.Main(m)) }
 // newTestBench gives the test a bench on a database of its own from the
 // test harness (its fast settings: the counts do not depend on them), with
 // maxClients connections per design (assumeNew: see newBench).
-func newTestBench(t *testing.T, maxClients int, assumeNew ...bool) *bench {
+func newTestBench(t *testing.T, maxClients int, assumeNew bool) *bench {
 	t.Helper()
 	db := atomicphasetest.NewDB(t, &atomicphasetest.Options{
 		SetupID: fmt.Sprintf("bench-compare-%x", sha256.Sum256([]byte(schema)))[:22],
@@ -37,7 +37,7 @@ func newTestBench(t *testing.T, maxClients int, assumeNew ...bool) *bench {
 	t.Cleanup(func() { _ = fake.Close() })
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	require.NoError(t, err)
-	b, err := newBench(context.Background(), cfg, db.Pool, fake, maxClients, len(assumeNew) > 0 && assumeNew[0])
+	b, err := newBench(context.Background(), cfg, db.Pool, fake, maxClients, assumeNew)
 	require.NoError(t, err)
 	t.Cleanup(b.close)
 	return b
@@ -91,7 +91,7 @@ func measureCountsAndVerifies(t *testing.T, assumeNew bool) {
 // design that answers fast but wrong.
 func TestMeasureFailsAWrongAnswer(t *testing.T) {
 	ctx := context.Background()
-	b := newTestBench(t, 1)
+	b := newTestBench(t, 1, false)
 	a := b.design("a")
 	for i, tc := range []struct {
 		name, want string
@@ -140,7 +140,7 @@ func TestMeasureFailsAWrongAnswer(t *testing.T) {
 // transaction commits once), a read, and a transaction begun by pgx.
 func TestTracerCounts(t *testing.T) {
 	ctx := context.Background()
-	b := newTestBench(t, 1)
+	b := newTestBench(t, 1, false)
 	pool, tr := b.design("d").pool, b.design("d").trace
 	step := func(what string, trips, commits int64, f func() error) {
 		t.Helper()
@@ -268,7 +268,7 @@ func TestMachineCPU(t *testing.T) {
 // request, and says so when none was written.
 func TestWALTop(t *testing.T) {
 	ctx := context.Background()
-	b := newTestBench(t, 1)
+	b := newTestBench(t, 1, false)
 	// Other tests write to the same server at any time: a start past the
 	// WAL written so far is one that none was written since.
 	var future, start string
