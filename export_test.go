@@ -12,13 +12,19 @@ func ApplyMigration(ctx context.Context, db Beginner, schema string, m Migration
 // SplitStatements splits SQL into statements as Migrate does.
 var SplitStatements = splitStatements
 
-// KeyOp, KeyAbsent, KeyTransitionAllowed and KeyDeletable expose the key's
-// transition table (key_state.go) to the model-based test.
-type KeyOp = keyOp
+// KeyOp, KeyState and the rest expose the key's transition table
+// (key_state.go) to the model-based test and the database's.
+type (
+	KeyOp    = keyOp
+	KeyState = keyState
+)
 
 const KeyAbsent = keyAbsent
 
 var (
+	KeyStates            = keyStates
+	KeyStatusesIn        = keyStatusesIn
+	KeyStateChanges      = keyStateChanges
 	KeyTransitionAllowed = keyTransitionAllowed
 	KeyDeletable         = keyDeletable
 )

@@ -1,11 +1,14 @@
 package atomicphase
 
 // The key's life, as one table: which operation may move a key from which
-// status (KeyStatus, or absent) to which. Every operation's SQL judges the
-// key by its own predicate today; this table is the one definition they
-// are held to, by a model-based test (TestKeyStatesFollowTheTable) that
-// drives random operations, crashes and lost answers against a real
-// database and checks every step's before and after against it.
+// stored state (keyState, or absent) to which. The database holds every
+// write to it, of this release and the previous one (migration 019: a
+// write that changes a state in a way no operation may is refused, and so
+// is a DELETE of a key that may have paid, unless a forced forget is on
+// the audit trail); each operation's SQL narrows it to its own row of the
+// table; and a model-based test (TestKeyStatesFollowTheTable) drives
+// random operations, crashes and lost answers against a real database and
+// checks every step's before and after against it.
 
 // keyOp is an operation on a key, as the table names it.
 type keyOp string
@@ -34,53 +37,95 @@ const (
 	opTime keyOp = "time"
 )
 
-// keyAbsent stands for a key with no row: never recorded, or deleted.
-const keyAbsent KeyStatus = "absent"
+// keyState is a key's stored state: the status column (migration 019),
+// which the database keeps equal to atomicphase_status_of over the key's
+// columns on every write, by any release. Time changes no state: a
+// running key whose lease ran out is stale, and a waiting key in a call's
+// quiet period is in progress, only as a reader sees them (KeyStatus).
+type keyState string
 
-// keyTransitions says, for each operation, to which statuses it may move a
-// key in each status. A status missing from an operation's map may not
-// change under it.
-var keyTransitions = map[keyOp]map[KeyStatus][]KeyStatus{
-	// A run records a key or takes one nobody holds, and leaves it
-	// finished, failed (abandoned, waiting on an unknown outcome, parked)
-	// or, when its process dies, held by nobody alive (in progress until
-	// its lease runs out). A held key is refused and stays as it is; a
-	// finished one is replayed.
+// The states, and keyAbsent for a key with no row (never recorded, or
+// deleted).
+const (
+	// stateRunning: an attempt holds the key (its lease running, or run
+	// out: stale).
+	stateRunning keyState = "running"
+	// stateWaiting: nobody holds the key; it is to be resumed, by a retry
+	// or the sweep (abandoned, or in a call's quiet period).
+	stateWaiting keyState = "waiting"
+	// stateUnknown: nobody holds the key, and a foreign call's outcome is
+	// unknown.
+	stateUnknown  keyState = "unknown"
+	stateParked   keyState = "parked"
+	stateFinished keyState = "finished"
+	keyAbsent     keyState = "absent"
+)
+
+// keyStates are the states a row may be in.
+var keyStates = []keyState{stateRunning, stateWaiting, stateUnknown, stateParked, stateFinished}
+
+// keyStatusesIn are the statuses a reader may see a key in each state in.
+var keyStatusesIn = map[keyState][]KeyStatus{
+	stateRunning:  {KeyInProgress, KeyStale},
+	stateWaiting:  {KeyInProgress, KeyAbandoned},
+	stateUnknown:  {KeyUnknown},
+	stateParked:   {KeyParked},
+	stateFinished: {KeyFinished},
+}
+
+// taken are the states an attempt that takes a key may leave it in.
+var taken = []keyState{stateRunning, stateWaiting, stateUnknown, stateParked, stateFinished}
+
+// keyTransitions says, for each operation, to which states it may move a
+// key in each state. A state missing from an operation's map may not
+// change under it; time (opTime) changes none.
+var keyTransitions = map[keyOp]map[keyState][]keyState{
+	// A run records a key (or records nothing: a refusal) or takes one
+	// nobody holds, or whose lease ran out, and leaves it finished, waiting,
+	// unknown or parked, or, when its process dies, running until its lease
+	// runs out. A held key is refused and stays as it is; a finished one is
+	// replayed. A key parked after its attempts ran out is resumed by a
+	// retry; one parked for good is refused and stays parked.
 	opRun: {
-		keyAbsent:    {keyAbsent, KeyFinished, KeyAbandoned, KeyUnknown, KeyParked, KeyInProgress},
-		KeyStale:     {KeyFinished, KeyAbandoned, KeyUnknown, KeyParked, KeyInProgress},
-		KeyAbandoned: {KeyFinished, KeyAbandoned, KeyUnknown, KeyParked, KeyInProgress},
-		KeyUnknown:   {KeyFinished, KeyAbandoned, KeyUnknown, KeyParked, KeyInProgress},
-		// A key parked after its attempts ran out is resumed by a retry;
-		// one parked for good is refused and stays parked.
-		KeyParked: {KeyFinished, KeyAbandoned, KeyUnknown, KeyParked, KeyInProgress},
+		keyAbsent:    append([]keyState{keyAbsent}, taken...),
+		stateRunning: taken,
+		stateWaiting: taken,
+		stateUnknown: taken,
+		stateParked:  taken,
 	},
-	opResume: {
-		KeyStale:     {KeyFinished, KeyAbandoned, KeyUnknown, KeyParked, KeyInProgress},
-		KeyAbandoned: {KeyFinished, KeyAbandoned, KeyUnknown, KeyParked, KeyInProgress},
-		KeyUnknown:   {KeyFinished, KeyAbandoned, KeyUnknown, KeyParked, KeyInProgress},
-		KeyParked:    {KeyFinished, KeyAbandoned, KeyUnknown, KeyParked, KeyInProgress},
-	},
+	opResume: {stateRunning: taken, stateWaiting: taken, stateUnknown: taken, stateParked: taken},
 	// The sweep takes what is due, never a parked key.
-	opSweep: {
-		KeyStale:     {KeyFinished, KeyAbandoned, KeyUnknown, KeyParked, KeyInProgress},
-		KeyAbandoned: {KeyFinished, KeyAbandoned, KeyUnknown, KeyParked, KeyInProgress},
-		KeyUnknown:   {KeyFinished, KeyAbandoned, KeyUnknown, KeyParked, KeyInProgress},
-	},
-	opUnpark: {KeyParked: {KeyAbandoned, KeyUnknown}},
+	opSweep:  {stateRunning: taken, stateWaiting: taken, stateUnknown: taken},
+	opUnpark: {stateParked: {stateWaiting, stateUnknown}},
 	// A verdict settles an unknown outcome (of a parked key too).
-	opVerdict:    {KeyUnknown: {KeyAbandoned, KeyUnknown}, KeyParked: {KeyAbandoned, KeyUnknown}},
-	opForget:     {KeyFinished: {keyAbsent}, KeyParked: {keyAbsent}},
-	opReapParked: {KeyParked: {keyAbsent}},
-	opReap:       {KeyFinished: {keyAbsent}},
-	// Leases and call marks run out: a held key goes stale, or, held only
-	// by a call's quiet period, abandoned or unknown.
-	opTime: {KeyInProgress: {KeyStale, KeyAbandoned, KeyUnknown}},
+	opVerdict:    {stateUnknown: {stateWaiting, stateUnknown}, stateParked: {stateWaiting, stateUnknown}},
+	opForget:     {stateFinished: {keyAbsent}, stateParked: {keyAbsent}},
+	opReapParked: {stateParked: {keyAbsent}},
+	opReap:       {stateFinished: {keyAbsent}},
+	opTime:       {},
+}
+
+// keyStateChanges are the changes one write may make to a row's state:
+// every pair some operation allows, the deletes apart. The database
+// refuses any other (atomicphase_status_may_change, migration 019;
+// TestKeyStateTableIsTheDatabases holds the two together).
+func keyStateChanges() map[[2]keyState]bool {
+	out := map[[2]keyState]bool{}
+	for _, byFrom := range keyTransitions {
+		for from, tos := range byFrom {
+			for _, to := range tos {
+				if from != to && from != keyAbsent && to != keyAbsent {
+					out[[2]keyState{from, to}] = true
+				}
+			}
+		}
+	}
+	return out
 }
 
 // keyTransitionAllowed reports whether op may move a key from status from
 // to status to. Staying where it was is always allowed.
-func keyTransitionAllowed(op keyOp, from, to KeyStatus) bool {
+func keyTransitionAllowed(op keyOp, from, to keyState) bool {
 	if from == to {
 		return true
 	}
@@ -92,9 +137,10 @@ func keyTransitionAllowed(op keyOp, from, to KeyStatus) bool {
 	return false
 }
 
-// keyDeletable are the statuses whose key an operation that deletes may
-// delete, provided the key is settled (KeyInfo.Unsettled false): a
-// finished key, or a parked one. Never a key that may have paid.
-func keyDeletable(from KeyStatus, unsettled bool) bool {
-	return from == KeyFinished || (from == KeyParked && !unsettled)
+// keyDeletable reports whether an operation that deletes may delete a key
+// in state from without being forced: a finished key, or a parked one that
+// is settled (KeyInfo.Unsettled false). Never a key that may have paid.
+// The database holds every DELETE to it (atomicphase_deletable).
+func keyDeletable(from keyState, unsettled bool) bool {
+	return from == stateFinished || (from == stateParked && !unsettled)
 }

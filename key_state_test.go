@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/atomicphase/atomicphase"
@@ -103,13 +104,18 @@ func runKeyModel(t *testing.T, seed uint64, steps int) {
 	// finished a key and reaped it at once would show as one step).
 	sweeper := newSweeper(t, b, &atomicphase.SweepConfig{Retention: 24 * time.Hour, ParkedRetention: -1})
 
-	status := func() (atomicphase.KeyStatus, *atomicphase.KeyInfo) {
+	// The key's stored state, and what Inspect makes of it, which must be
+	// one of the statuses of that state.
+	status := func() (atomicphase.KeyState, *atomicphase.KeyInfo) {
 		info, err := b.runner.Inspect(b.ctx, "driver_1", "k")
 		if errors.Is(err, atomicphase.ErrKeyNotFound) {
 			return atomicphase.KeyAbsent, nil
 		}
 		require.NoError(t, err)
-		return info.Status, info
+		var state atomicphase.KeyState
+		require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT status FROM idempotency_keys WHERE scope = 'driver_1' AND idempotency_key = 'k'`).Scan(&state))
+		require.Contains(t, atomicphase.KeyStatusesIn[state], info.Status, "a %s key shows as %s", state, info.Status)
+		return state, info
 	}
 	crashes := []string{"", "", "", "pay/" + string(atomicphase.BeforePhase), "pay/" + string(atomicphase.AfterForeign),
 		"done/" + string(atomicphase.BeforeCommit), "prepare/" + string(atomicphase.AfterCommit)}
@@ -179,7 +185,7 @@ func runKeyModel(t *testing.T, seed uint64, steps int) {
 		if to == atomicphase.KeyAbsent && from != atomicphase.KeyAbsent {
 			require.True(t, atomicphase.KeyDeletable(from, info.Unsettled),
 				"step %d (%s) deleted a key that was %s, unsettled=%v; trace:\n%v", i, op, from, info.Unsettled, trace)
-			if from != atomicphase.KeyFinished {
+			if from != "finished" {
 				// The bank's word, not the library's: a deleted key that
 				// had not finished must not have paid.
 				bk.mu.Lock()
@@ -219,4 +225,129 @@ func shiftTimes(t *testing.T, b *testBundle, d time.Duration, withWatermark bool
 		SET created_before = (created_before AT TIME ZONE 'UTC' - $1::bigint * interval '1 microsecond') AT TIME ZONE 'UTC',
 		    pending_before = (pending_before AT TIME ZONE 'UTC' - $1::bigint * interval '1 microsecond') AT TIME ZONE 'UTC'`, d.Microseconds())
 	require.NoError(t, err)
+}
+
+// sqlState is the SQLSTATE of err, or "".
+func sqlState(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+// stateColumns sets a row's columns to put it in state s (the columns
+// atomicphase_status_of reads), leaving it settled.
+const stateColumns = `SET response_status = CASE WHEN $2::text = 'finished' THEN 200 END,
+    recovery_point = CASE WHEN $2::text = 'finished' THEN 'finished' ELSE 'started' END,
+    parked_at = CASE WHEN $2::text = 'parked' THEN now() END,
+    locked_at = CASE WHEN $2::text = 'running' THEN now() END,
+    unknown_at = CASE WHEN $2::text = 'unknown' THEN now() END,
+    called_at = NULL, call_until = NULL`
+
+// The database holds every write to key_state.go's table, whoever sends
+// it: a write that changes a key's state does so only as some operation
+// may (a finished key's answer is final), the status column always says
+// what the key's columns do, and a DELETE removes only a key that
+// keyDeletable allows, unless a forced forget is on the audit trail or
+// the transaction says it is one.
+func TestKeyStateTableIsTheDatabases(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	allowed := atomicphase.KeyStateChanges()
+	n := 0
+	newKey := func(s atomicphase.KeyState) string {
+		n++
+		key := fmt.Sprintf("k%d", n)
+		_, err := b.db.Pool.Exec(b.ctx, `INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state)
+			VALUES ('s', $1, 'w', '\x00', 'POST', '/', '\x00')`, key)
+		require.NoError(t, err)
+		_, err = b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys `+stateColumns+` WHERE scope = 's' AND idempotency_key = $1`, key, s)
+		require.NoError(t, err, "a new key may become %s", s)
+		return key
+	}
+	stored := func(key string) atomicphase.KeyState {
+		var s atomicphase.KeyState
+		require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT status FROM idempotency_keys WHERE scope = 's' AND idempotency_key = $1`, key).Scan(&s))
+		return s
+	}
+	for _, from := range atomicphase.KeyStates {
+		for _, to := range atomicphase.KeyStates {
+			key := newKey(from)
+			require.Equal(t, from, stored(key))
+			_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys `+stateColumns+` WHERE scope = 's' AND idempotency_key = $1`, key, to)
+			if from == to || allowed[[2]atomicphase.KeyState{from, to}] {
+				require.NoError(t, err, "%s -> %s", from, to)
+				require.Equal(t, to, stored(key), "%s -> %s", from, to)
+			} else {
+				require.Equal(t, "AP010", sqlState(err), "%s -> %s is refused: %v", from, to, err)
+				require.Equal(t, from, stored(key))
+			}
+		}
+	}
+	// A write that sets the column wrong is put right.
+	key := newKey("waiting")
+	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET status = 'finished' WHERE scope = 's' AND idempotency_key = $1`, key)
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.KeyState("waiting"), stored(key))
+
+	// Deletes, of a settled key and of one that may have paid.
+	del := func(key string) error {
+		_, err := b.db.Pool.Exec(b.ctx, `DELETE FROM idempotency_keys WHERE scope = 's' AND idempotency_key = $1`, key)
+		return err
+	}
+	for _, s := range atomicphase.KeyStates {
+		for _, unsettled := range []bool{false, true} {
+			key := newKey(s)
+			if unsettled {
+				_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET called_at = now() WHERE scope = 's' AND idempotency_key = $1`, key)
+				require.NoError(t, err)
+			}
+			err := del(key)
+			if atomicphase.KeyDeletable(s, unsettled) {
+				require.NoError(t, err, "%s, unsettled=%v", s, unsettled)
+				continue
+			}
+			require.Equal(t, "AP011", sqlState(err), "%s, unsettled=%v: %v", s, unsettled, err)
+			// A forced forget on the audit trail lets it go (what
+			// ForgetForced, of this release and the previous one, writes
+			// first); so does a transaction that says it is one.
+			if unsettled {
+				require.NoError(t, b.runner.RecordAudit(b.ctx, &atomicphase.AuditEntry{Scope: "s", Key: key, Actor: "alice", Action: "forget", Note: "checked", Detail: []byte(`{"forced": true}`)}))
+				require.NoError(t, del(key))
+				continue
+			}
+			require.NoError(t, pgx.BeginFunc(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(b.ctx, `SET LOCAL atomicphase.forget_forced = 'on'`); err != nil {
+					return err
+				}
+				_, err := tx.Exec(b.ctx, `DELETE FROM idempotency_keys WHERE scope = 's' AND idempotency_key = $1`, key)
+				return err
+			}))
+		}
+	}
+	var left int
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM idempotency_keys WHERE scope = 's' AND status NOT IN ('running', 'waiting', 'unknown', 'parked', 'finished')`).Scan(&left))
+	require.Zero(t, left)
+}
+
+// A DELETE written by hand (an operator's clean-up, a script of the
+// previous release's era) of a key whose payout's outcome is unknown is
+// refused: the client's retry would record the key anew, with a new salt,
+// and the bank would pay twice. The audit trail's forced forget deletes
+// it.
+func TestHandWrittenDeleteOfAKeyThatMayHavePaidIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &atomicphase.Config{CallGrace: time.Nanosecond, MaxAttempts: 2})
+	bk := newBank()
+	wf := payoutWorkflow(bk)
+	parkUnknown(t, b, bk, wf, "p")
+	_, err := b.db.Pool.Exec(b.ctx, `DELETE FROM idempotency_keys WHERE created_at < now() + interval '1 day'`)
+	require.Equal(t, "AP011", sqlState(err), "%v", err)
+	info, err := b.runner.Inspect(b.ctx, "driver_1", "p")
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.KeyParked, info.Status)
+	require.NoError(t, b.runner.ForgetForced(b.ctx, "driver_1", "p", "alice", "bank confirmed payout po_1 by phone"))
+	_, err = b.runner.Inspect(b.ctx, "driver_1", "p")
+	require.ErrorIs(t, err, atomicphase.ErrKeyNotFound)
 }

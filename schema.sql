@@ -2025,3 +2025,140 @@ DROP INDEX CONCURRENTLY IF EXISTS idempotency_keys_unfinished_scope_idx;
 DROP INDEX CONCURRENTLY IF EXISTS idempotency_keys_finished_at_idx;
 DROP INDEX CONCURRENTLY IF EXISTS idempotency_keys_parked_scope_idx;
 DROP INDEX CONCURRENTLY IF EXISTS idempotency_keys_parked_at_idx;
+
+-- One stored state per key, and the database holding every writer to the
+-- transition table (key_state.go). Expand only: a column and triggers, no
+-- function a release calls is changed, so a previous release keeps working
+-- while this one rolls out, and its writes are held to the same table.
+--
+-- status is one of running (an attempt holds the key: its lease, running
+-- or run out), waiting (nobody holds it: to be resumed, by a retry or the
+-- sweep), unknown (nobody holds it, and a foreign call's outcome is
+-- unknown), parked, finished. Time changes none of them: a running key
+-- whose lease ran out (stale) and a waiting key in a call's quiet period
+-- are what a reader makes of the status and the lease, never a write.
+-- A key recorded before this migration has none (NULL) until its next
+-- write; atomicphase_status_of says what it is.
+
+-- On Citus, the key table may be distributed already, and the triggers
+-- below read only the row they fire for, on its shard (a setting of no
+-- effect elsewhere).
+SET LOCAL citus.enable_unsafe_triggers = on;
+ALTER TABLE idempotency_keys ADD COLUMN status text;
+-- For rows inserted from now on (set apart from the ADD COLUMN, which
+-- would give every existing row the default): a new key is recorded held.
+ALTER TABLE idempotency_keys ALTER COLUMN status SET DEFAULT 'running';
+
+-- atomicphase_status_of is the state a key's columns put it in: the one
+-- definition, which the triggers below store in status on every write.
+-- A plain SQL expression, inlined where it is used.
+CREATE FUNCTION atomicphase_status_of(
+    p_response_status integer, p_parked_at timestamptz, p_locked_at timestamptz, p_unknown_at timestamptz
+) RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN p_response_status IS NOT NULL THEN 'finished'
+        WHEN p_parked_at IS NOT NULL THEN 'parked'
+        WHEN p_locked_at IS NOT NULL THEN 'running'
+        WHEN p_unknown_at IS NOT NULL THEN 'unknown'
+        ELSE 'waiting' END
+$$;
+
+-- atomicphase_status_may_change says whether one write may move a key
+-- from one state to another: every pair that some operation of
+-- key_state.go's table allows (TestKeyStateTableIsTheDatabases holds the
+-- two together). A finished key's answer is final.
+CREATE FUNCTION atomicphase_status_may_change(p_from text, p_to text)
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_from = p_to OR (p_from, p_to) IN (
+        ('running', 'waiting'), ('running', 'unknown'), ('running', 'parked'), ('running', 'finished'),
+        ('waiting', 'running'), ('waiting', 'unknown'), ('waiting', 'parked'), ('waiting', 'finished'),
+        ('unknown', 'running'), ('unknown', 'waiting'), ('unknown', 'parked'), ('unknown', 'finished'),
+        ('parked', 'running'), ('parked', 'waiting'), ('parked', 'unknown'), ('parked', 'finished'))
+$$;
+
+-- atomicphase_deletable says whether a key may be deleted without a forced
+-- forget: a finished key, or a parked one nobody holds whose outcome is
+-- settled (no unknown outcome, no call that may have gone out, no call's
+-- quiet period to come). Deleting any other would let a retry record the
+-- key anew, with a new downstream salt, and pay again.
+CREATE FUNCTION atomicphase_deletable(
+    p_response_status integer, p_parked_at timestamptz, p_locked_at timestamptz,
+    p_unknown_at timestamptz, p_called_at timestamptz, p_call_until timestamptz
+) RETURNS boolean LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT p_response_status IS NOT NULL
+        OR (p_parked_at IS NOT NULL AND p_locked_at IS NULL AND p_unknown_at IS NULL
+            AND p_called_at IS NULL AND coalesce(p_call_until < now(), true))
+$$;
+
+-- The state stored, and the change refused (AP010) when no operation may
+-- make it. Called only when a write leaves status other than what the
+-- columns say (a writer that does not set it: every writer of this
+-- release and the previous one, but the INSERT of a new key, which the
+-- column's default states), or when the change is refused: a write that
+-- keeps a key's state costs the WHEN clause alone.
+CREATE FUNCTION atomicphase_key_status() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    v_to text := atomicphase_status_of(NEW.response_status, NEW.parked_at, NEW.locked_at, NEW.unknown_at);
+    v_from text;
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        v_from := atomicphase_status_of(OLD.response_status, OLD.parked_at, OLD.locked_at, OLD.unknown_at);
+        IF NOT atomicphase_status_may_change(v_from, v_to) THEN
+            RAISE EXCEPTION 'idempotency key % is %: no operation makes it %', OLD.idempotency_key, v_from, v_to
+                USING ERRCODE = 'AP010';
+        END IF;
+    END IF;
+    NEW.status := v_to;
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER atomicphase_key_status_insert
+    BEFORE INSERT ON idempotency_keys FOR EACH ROW
+    WHEN (NEW.status IS DISTINCT FROM atomicphase_status_of(NEW.response_status, NEW.parked_at, NEW.locked_at, NEW.unknown_at))
+    EXECUTE FUNCTION atomicphase_key_status();
+
+CREATE TRIGGER atomicphase_key_status_update
+    BEFORE UPDATE ON idempotency_keys FOR EACH ROW
+    WHEN (NEW.status IS DISTINCT FROM atomicphase_status_of(NEW.response_status, NEW.parked_at, NEW.locked_at, NEW.unknown_at)
+          OR NOT atomicphase_status_may_change(
+              atomicphase_status_of(OLD.response_status, OLD.parked_at, OLD.locked_at, OLD.unknown_at),
+              atomicphase_status_of(NEW.response_status, NEW.parked_at, NEW.locked_at, NEW.unknown_at)))
+    EXECUTE FUNCTION atomicphase_key_status();
+
+-- A key that is not deletable (atomicphase_deletable) is deleted only by a
+-- forced forget: one whose audit trail records it (action forget, forced,
+-- since the key was recorded: what ForgetForced of this release and the
+-- previous one writes before it deletes), or, where the trail is not on
+-- the key's node (Citus), one whose transaction says so
+-- (atomicphase.forget_forced, which ForgetForced sets). Anything else, a
+-- hand-written DELETE included, is refused (AP011). The request path
+-- never deletes.
+CREATE FUNCTION atomicphase_key_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('atomicphase.forget_forced', true) = 'on' THEN
+        RETURN OLD;
+    END IF;
+    -- The trail, where it is on the key's node (the key table's schema):
+    -- checked apart, for a statement naming a table that is not there
+    -- fails when it is planned.
+    IF EXISTS (SELECT FROM pg_catalog.pg_class c
+               WHERE c.relname = 'atomicphase_audit' AND c.relnamespace = (
+                   SELECT t.relnamespace FROM pg_catalog.pg_class t WHERE t.oid = TG_RELID)) THEN
+        IF EXISTS (SELECT 1 FROM atomicphase_audit a
+                   WHERE a.scope = OLD.scope AND a.idempotency_key = OLD.idempotency_key
+                     AND a.action = 'forget' AND a.detail @> '{"forced": true}' AND a.at >= OLD.created_at) THEN
+            RETURN OLD;
+        END IF;
+    END IF;
+    RAISE EXCEPTION 'idempotency key % is %, and may have paid: only a forced forget deletes it', OLD.idempotency_key,
+        atomicphase_status_of(OLD.response_status, OLD.parked_at, OLD.locked_at, OLD.unknown_at)
+        USING ERRCODE = 'AP011';
+END
+$$;
+
+CREATE TRIGGER atomicphase_key_delete
+    BEFORE DELETE ON idempotency_keys FOR EACH ROW
+    WHEN (NOT atomicphase_deletable(OLD.response_status, OLD.parked_at, OLD.locked_at,
+                                                         OLD.unknown_at, OLD.called_at, OLD.call_until))
+    EXECUTE FUNCTION atomicphase_key_delete();

@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Citus. The key table is distributed by scope, and every function that
@@ -45,15 +45,19 @@ var citusFunctions = []struct {
 	{"atomicphase_record_unit(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)", true},
 }
 
+// unsafeTriggers lets the key table be distributed with its triggers
+// (migration 019), which read only the row they fire for, on its shard.
+const unsafeTriggers = "SET citus.enable_unsafe_triggers = on"
+
 // CitusDistribution returns the statements that distribute the key table
 // and its functions on a Citus coordinator, for schema ("" for the
-// search_path), in order: what MigrateOpts.Citus runs after the migrations
-// (skipping the first when the table is distributed already). Run them
-// yourself after your own migration tool applied the migrations (and again
-// after any migration that recreates a function).
+// search_path), in order, to run in one session: what MigrateOpts.Citus
+// runs after the migrations (skipping the table's when it is distributed
+// already). Run them yourself after your own migration tool applied the
+// migrations (and again after any migration that recreates a function).
 func CitusDistribution(schema string) []string {
 	table := quoteLiteral(qualifiedName(schema, "idempotency_keys"))
-	stmts := []string{fmt.Sprintf("SELECT create_distributed_table(%s, 'scope')", table)}
+	stmts := []string{unsafeTriggers, fmt.Sprintf("SELECT create_distributed_table(%s, 'scope')", table)}
 	for _, f := range citusFunctions {
 		stmts = append(stmts, fmt.Sprintf(
 			"SELECT create_distributed_function(%s, 'p_scope', colocate_with := %s, force_delegation := %t)",
@@ -113,28 +117,60 @@ func DistributeOnCitus(ctx context.Context, db Beginner, schema string) error {
 	var stmts []string
 	for i, sql := range CitusDistribution(schema) {
 		switch {
-		case i == 0 && distributed:
-		case i > 0 && done[citusFunctions[i-1].signature]:
+		case i == 0: // the session's setting, below
+		case i == 1 && distributed:
+		case i > 1 && done[citusFunctions[i-2].signature]:
 		default:
 			stmts = append(stmts, sql)
 		}
 	}
+	if len(stmts) == 0 {
+		return nil
+	}
 	// Each statement runs on its own, outside a transaction block when db
 	// can (a pool or a connection): in one, Citus creates the shards over
-	// a single connection per worker.
-	for _, sql := range stmts {
-		var err error
-		if e, ok := db.(interface {
-			Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
-		}); ok {
-			_, err = e.Exec(ctx, sql)
-		} else {
-			err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, sql)
-				return err
-			})
-		}
+	// a single connection per worker. All on one session, which the
+	// setting is for, and which is reset after.
+	if p, ok := db.(interface {
+		Acquire(context.Context) (*pgxpool.Conn, error)
+	}); ok {
+		conn, err := p.Acquire(ctx)
 		if err != nil {
+			return err
+		}
+		defer conn.Release()
+		return distribute(ctx, conn.Conn(), stmts)
+	}
+	if conn, ok := db.(*pgx.Conn); ok {
+		return distribute(ctx, conn, stmts)
+	}
+	for _, sql := range stmts {
+		if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL citus.enable_unsafe_triggers = on"); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, sql)
+			return err
+		}); err != nil {
+			return fmt.Errorf("%s: %w", sql, err)
+		}
+	}
+	return nil
+}
+
+// distribute runs stmts on conn, each on its own, with Citus' unsafe
+// triggers allowed for the session while they run.
+func distribute(ctx context.Context, conn *pgx.Conn, stmts []string) (err error) {
+	if _, err := conn.Exec(ctx, unsafeTriggers); err != nil {
+		return err
+	}
+	defer func() {
+		if _, rerr := conn.Exec(ctx, "RESET citus.enable_unsafe_triggers"); err == nil {
+			err = rerr
+		}
+	}()
+	for _, sql := range stmts {
+		if _, err := conn.Exec(ctx, sql); err != nil {
 			return fmt.Errorf("%s: %w", sql, err)
 		}
 	}

@@ -59,8 +59,32 @@ func (s *Store) Forget(ctx context.Context, db DB, scope, key string, force bool
 	if err != nil {
 		return false, err
 	}
-	tag, err := db.Exec(ctx, s.sql.forget, scope, key, token, unknownAt, callUntil, parkedAt, calledAt)
+	args := []any{scope, key, token, unknownAt, callUntil, parkedAt, calledAt}
+	if b, ok := db.(Beginner); ok && unsettled {
+		return forgetForced(ctx, b, s.sql.forget, args)
+	}
+	tag, err := db.Exec(ctx, s.sql.forget, args...)
 	return tag.RowsAffected() == 1, err
+}
+
+// forgetForced runs forgetSQL in a transaction that says, to the trigger
+// that refuses to delete an unsettled key (migration 019), that this is a
+// forced forget, on every node (Citus sends the transaction's SET LOCALs
+// to its workers when asked to; the setting is of no effect elsewhere).
+// The audit trail already holds the forget, with who forced it and why,
+// and on a single node the trigger finds it there too.
+func forgetForced(ctx context.Context, db Beginner, sql string, args []any) (gone bool, err error) {
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		for _, set := range []string{`SET LOCAL citus.propagate_set_commands = 'local'`, `SET LOCAL atomicphase.forget_forced = 'on'`} {
+			if _, err := tx.Exec(ctx, set); err != nil {
+				return err
+			}
+		}
+		tag, err := tx.Exec(ctx, sql, args...)
+		gone = tag.RowsAffected() == 1
+		return err
+	})
+	return gone, err
 }
 
 // recordResolutionSQL: see atomicphase_record_verdict in schema.sql.
