@@ -136,6 +136,7 @@ func assumeSetup(t *testing.T, cfg *atomicphase.Config, wf atomicphase.AnyWorkfl
 // The first phase ran for the replay, and nothing it queued was kept.
 func TestAssumeNewKeysRecordsInTwoRoundTripsAndAnswersInOne(t *testing.T) {
 	t.Parallel()
+	atomicphasetest.SkipOnCitus(t, "the option does nothing there, where no transaction commits implicitly (docs/concepts.md, \"Assuming new keys\")")
 	for _, alone := range []bool{false, true} {
 		t.Run(fmt.Sprintf("sendAlone=%t", alone), func(t *testing.T) {
 			t.Parallel()

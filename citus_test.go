@@ -2,6 +2,7 @@ package atomicphase_test
 
 import (
 	"context"
+	"fmt"
 	"regexp"
 	"slices"
 	"strings"
@@ -285,18 +286,27 @@ func TestNewestMigrationAppliesOnADistributedKeyTable(t *testing.T) {
 	ms, err := atomicphase.Migrations(nil)
 	require.NoError(t, err)
 	newest := ms[len(ms)-1]
-	for _, stmt := range strings.Split(newest.Down, ";") { // a down of plain statements, no function bodies
-		var code []string
-		for _, line := range strings.Split(stmt, "\n") {
-			if !strings.HasPrefix(strings.TrimSpace(line), "--") {
-				code = append(code, line)
+	// In one transaction, as Migrate runs a down (its SET LOCALs hold),
+	// with multi-shard commands run in order, as Migrate runs them.
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(b.ctx, `SET LOCAL citus.multi_shard_modify_mode TO 'sequential'`); err != nil {
+			return err
+		}
+		for _, stmt := range strings.Split(newest.Down, ";") { // a down of plain statements, no function bodies
+			var code []string
+			for _, line := range strings.Split(stmt, "\n") {
+				if !strings.HasPrefix(strings.TrimSpace(line), "--") {
+					code = append(code, line)
+				}
+			}
+			if sql := strings.TrimSpace(strings.Join(code, "\n")); sql != "" {
+				if _, err := tx.Exec(b.ctx, sql); err != nil {
+					return fmt.Errorf("%s: %w", sql, err)
+				}
 			}
 		}
-		if sql := strings.TrimSpace(strings.Join(code, "\n")); sql != "" {
-			_, err = b.db.Pool.Exec(b.ctx, sql)
-			require.NoError(t, err, sql)
-		}
-	}
+		return nil
+	}))
 	_, err = b.db.Pool.Exec(b.ctx, "DELETE FROM atomicphase_migration WHERE version = $1", newest.Version)
 	require.NoError(t, err)
 	applied, err := atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{Citus: true})

@@ -1,3 +1,6 @@
+-- On Citus, triggers of a distributed table are dropped with this set (a
+-- setting of no effect elsewhere).
+SET LOCAL citus.enable_unsafe_triggers = on;
 DROP TRIGGER IF EXISTS atomicphase_key_delete ON /* TEMPLATE: schema */idempotency_keys;
 DROP TRIGGER IF EXISTS atomicphase_key_status_update ON /* TEMPLATE: schema */idempotency_keys;
 DROP TRIGGER IF EXISTS atomicphase_key_status_insert ON /* TEMPLATE: schema */idempotency_keys;
