@@ -2045,9 +2045,6 @@ DROP INDEX CONCURRENTLY IF EXISTS idempotency_keys_parked_at_idx;
 -- effect elsewhere).
 SET LOCAL citus.enable_unsafe_triggers = on;
 ALTER TABLE idempotency_keys ADD COLUMN status text;
--- For rows inserted from now on (set apart from the ADD COLUMN, which
--- would give every existing row the default): a new key is recorded held.
-ALTER TABLE idempotency_keys ALTER COLUMN status SET DEFAULT 'running';
 
 -- atomicphase_status_of is the state a key's columns put it in: the one
 -- definition, which the triggers below store in status on every write.
@@ -2069,11 +2066,12 @@ $$;
 -- two together). A finished key's answer is final.
 CREATE FUNCTION atomicphase_status_may_change(p_from text, p_to text)
 RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT p_from = p_to OR (p_from, p_to) IN (
-        ('running', 'waiting'), ('running', 'unknown'), ('running', 'parked'), ('running', 'finished'),
-        ('waiting', 'running'), ('waiting', 'unknown'), ('waiting', 'parked'), ('waiting', 'finished'),
-        ('unknown', 'running'), ('unknown', 'waiting'), ('unknown', 'parked'), ('unknown', 'finished'),
-        ('parked', 'running'), ('parked', 'waiting'), ('parked', 'unknown'), ('parked', 'finished'))
+    SELECT p_from || '>' || p_to = ANY ('{
+        running>running, running>waiting, running>unknown, running>parked, running>finished,
+        waiting>waiting, waiting>running, waiting>unknown, waiting>parked, waiting>finished,
+        unknown>unknown, unknown>running, unknown>waiting, unknown>parked, unknown>finished,
+        parked>parked, parked>running, parked>waiting, parked>unknown, parked>finished,
+        finished>finished}'::text[])
 $$;
 
 -- atomicphase_deletable says whether a key may be deleted without a forced
@@ -2090,12 +2088,13 @@ CREATE FUNCTION atomicphase_deletable(
             AND p_called_at IS NULL AND coalesce(p_call_until < now(), true))
 $$;
 
--- The state stored, and the change refused (AP010) when no operation may
--- make it. Called only when a write leaves status other than what the
--- columns say (a writer that does not set it: every writer of this
--- release and the previous one, but the INSERT of a new key, which the
--- column's default states), or when the change is refused: a write that
--- keeps a key's state costs the WHEN clause alone.
+-- The state stored, and a change that no operation may make refused
+-- (AP010), on every write, by any writer: those of this release and the
+-- previous one set no status. A PL/pgSQL function, whose expressions'
+-- plans the session keeps, and no WHEN clause: a trigger's WHEN is
+-- planned anew for every statement, the functions it names inlined and
+-- their bodies parsed, which cost a request's two writes several times
+-- what the function does (docs/performance.md).
 CREATE FUNCTION atomicphase_key_status() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     v_to text := atomicphase_status_of(NEW.response_status, NEW.parked_at, NEW.locked_at, NEW.unknown_at);
@@ -2113,17 +2112,8 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER atomicphase_key_status_insert
-    BEFORE INSERT ON idempotency_keys FOR EACH ROW
-    WHEN (NEW.status IS DISTINCT FROM atomicphase_status_of(NEW.response_status, NEW.parked_at, NEW.locked_at, NEW.unknown_at))
-    EXECUTE FUNCTION atomicphase_key_status();
-
-CREATE TRIGGER atomicphase_key_status_update
-    BEFORE UPDATE ON idempotency_keys FOR EACH ROW
-    WHEN (NEW.status IS DISTINCT FROM atomicphase_status_of(NEW.response_status, NEW.parked_at, NEW.locked_at, NEW.unknown_at)
-          OR NOT atomicphase_status_may_change(
-              atomicphase_status_of(OLD.response_status, OLD.parked_at, OLD.locked_at, OLD.unknown_at),
-              atomicphase_status_of(NEW.response_status, NEW.parked_at, NEW.locked_at, NEW.unknown_at)))
+CREATE TRIGGER atomicphase_key_status
+    BEFORE INSERT OR UPDATE ON idempotency_keys FOR EACH ROW
     EXECUTE FUNCTION atomicphase_key_status();
 
 -- A key that is not deletable (atomicphase_deletable) is deleted only by a
@@ -2136,7 +2126,9 @@ CREATE TRIGGER atomicphase_key_status_update
 -- never deletes.
 CREATE FUNCTION atomicphase_key_delete() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF current_setting('atomicphase.forget_forced', true) = 'on' THEN
+    IF atomicphase_deletable(OLD.response_status, OLD.parked_at, OLD.locked_at,
+                                                   OLD.unknown_at, OLD.called_at, OLD.call_until)
+       OR current_setting('atomicphase.forget_forced', true) = 'on' THEN
         RETURN OLD;
     END IF;
     -- The trail, where it is on the key's node (the key table's schema):
@@ -2159,6 +2151,4 @@ $$;
 
 CREATE TRIGGER atomicphase_key_delete
     BEFORE DELETE ON idempotency_keys FOR EACH ROW
-    WHEN (NOT atomicphase_deletable(OLD.response_status, OLD.parked_at, OLD.locked_at,
-                                                         OLD.unknown_at, OLD.called_at, OLD.call_until))
     EXECUTE FUNCTION atomicphase_key_delete();

@@ -2,8 +2,7 @@
 -- setting of no effect elsewhere).
 SET LOCAL citus.enable_unsafe_triggers = on;
 DROP TRIGGER IF EXISTS atomicphase_key_delete ON /* TEMPLATE: schema */idempotency_keys;
-DROP TRIGGER IF EXISTS atomicphase_key_status_update ON /* TEMPLATE: schema */idempotency_keys;
-DROP TRIGGER IF EXISTS atomicphase_key_status_insert ON /* TEMPLATE: schema */idempotency_keys;
+DROP TRIGGER IF EXISTS atomicphase_key_status ON /* TEMPLATE: schema */idempotency_keys;
 DROP FUNCTION IF EXISTS /* TEMPLATE: schema */atomicphase_key_delete();
 DROP FUNCTION IF EXISTS /* TEMPLATE: schema */atomicphase_key_status();
 DROP FUNCTION IF EXISTS /* TEMPLATE: schema */atomicphase_deletable(integer, timestamptz, timestamptz, timestamptz, timestamptz, timestamptz);

@@ -17,9 +17,6 @@
 -- effect elsewhere).
 SET LOCAL citus.enable_unsafe_triggers = on;
 ALTER TABLE /* TEMPLATE: schema */idempotency_keys ADD COLUMN status text;
--- For rows inserted from now on (set apart from the ADD COLUMN, which
--- would give every existing row the default): a new key is recorded held.
-ALTER TABLE /* TEMPLATE: schema */idempotency_keys ALTER COLUMN status SET DEFAULT 'running';
 
 -- atomicphase_status_of is the state a key's columns put it in: the one
 -- definition, which the triggers below store in status on every write.
@@ -41,11 +38,12 @@ $$;
 -- two together). A finished key's answer is final.
 CREATE FUNCTION /* TEMPLATE: schema */atomicphase_status_may_change(p_from text, p_to text)
 RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT p_from = p_to OR (p_from, p_to) IN (
-        ('running', 'waiting'), ('running', 'unknown'), ('running', 'parked'), ('running', 'finished'),
-        ('waiting', 'running'), ('waiting', 'unknown'), ('waiting', 'parked'), ('waiting', 'finished'),
-        ('unknown', 'running'), ('unknown', 'waiting'), ('unknown', 'parked'), ('unknown', 'finished'),
-        ('parked', 'running'), ('parked', 'waiting'), ('parked', 'unknown'), ('parked', 'finished'))
+    SELECT p_from || '>' || p_to = ANY ('{
+        running>running, running>waiting, running>unknown, running>parked, running>finished,
+        waiting>waiting, waiting>running, waiting>unknown, waiting>parked, waiting>finished,
+        unknown>unknown, unknown>running, unknown>waiting, unknown>parked, unknown>finished,
+        parked>parked, parked>running, parked>waiting, parked>unknown, parked>finished,
+        finished>finished}'::text[])
 $$;
 
 -- atomicphase_deletable says whether a key may be deleted without a forced
@@ -62,12 +60,13 @@ CREATE FUNCTION /* TEMPLATE: schema */atomicphase_deletable(
             AND p_called_at IS NULL AND coalesce(p_call_until < now(), true))
 $$;
 
--- The state stored, and the change refused (AP010) when no operation may
--- make it. Called only when a write leaves status other than what the
--- columns say (a writer that does not set it: every writer of this
--- release and the previous one, but the INSERT of a new key, which the
--- column's default states), or when the change is refused: a write that
--- keeps a key's state costs the WHEN clause alone.
+-- The state stored, and a change that no operation may make refused
+-- (AP010), on every write, by any writer: those of this release and the
+-- previous one set no status. A PL/pgSQL function, whose expressions'
+-- plans the session keeps, and no WHEN clause: a trigger's WHEN is
+-- planned anew for every statement, the functions it names inlined and
+-- their bodies parsed, which cost a request's two writes several times
+-- what the function does (docs/performance.md).
 CREATE FUNCTION /* TEMPLATE: schema */atomicphase_key_status() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     v_to text := /* TEMPLATE: schema */atomicphase_status_of(NEW.response_status, NEW.parked_at, NEW.locked_at, NEW.unknown_at);
@@ -85,17 +84,8 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER atomicphase_key_status_insert
-    BEFORE INSERT ON /* TEMPLATE: schema */idempotency_keys FOR EACH ROW
-    WHEN (NEW.status IS DISTINCT FROM /* TEMPLATE: schema */atomicphase_status_of(NEW.response_status, NEW.parked_at, NEW.locked_at, NEW.unknown_at))
-    EXECUTE FUNCTION /* TEMPLATE: schema */atomicphase_key_status();
-
-CREATE TRIGGER atomicphase_key_status_update
-    BEFORE UPDATE ON /* TEMPLATE: schema */idempotency_keys FOR EACH ROW
-    WHEN (NEW.status IS DISTINCT FROM /* TEMPLATE: schema */atomicphase_status_of(NEW.response_status, NEW.parked_at, NEW.locked_at, NEW.unknown_at)
-          OR NOT /* TEMPLATE: schema */atomicphase_status_may_change(
-              /* TEMPLATE: schema */atomicphase_status_of(OLD.response_status, OLD.parked_at, OLD.locked_at, OLD.unknown_at),
-              /* TEMPLATE: schema */atomicphase_status_of(NEW.response_status, NEW.parked_at, NEW.locked_at, NEW.unknown_at)))
+CREATE TRIGGER atomicphase_key_status
+    BEFORE INSERT OR UPDATE ON /* TEMPLATE: schema */idempotency_keys FOR EACH ROW
     EXECUTE FUNCTION /* TEMPLATE: schema */atomicphase_key_status();
 
 -- A key that is not deletable (atomicphase_deletable) is deleted only by a
@@ -108,7 +98,9 @@ CREATE TRIGGER atomicphase_key_status_update
 -- never deletes.
 CREATE FUNCTION /* TEMPLATE: schema */atomicphase_key_delete() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF current_setting('atomicphase.forget_forced', true) = 'on' THEN
+    IF /* TEMPLATE: schema */atomicphase_deletable(OLD.response_status, OLD.parked_at, OLD.locked_at,
+                                                   OLD.unknown_at, OLD.called_at, OLD.call_until)
+       OR current_setting('atomicphase.forget_forced', true) = 'on' THEN
         RETURN OLD;
     END IF;
     -- The trail, where it is on the key's node (the key table's schema):
@@ -131,6 +123,4 @@ $$;
 
 CREATE TRIGGER atomicphase_key_delete
     BEFORE DELETE ON /* TEMPLATE: schema */idempotency_keys FOR EACH ROW
-    WHEN (NOT /* TEMPLATE: schema */atomicphase_deletable(OLD.response_status, OLD.parked_at, OLD.locked_at,
-                                                         OLD.unknown_at, OLD.called_at, OLD.call_until))
     EXECUTE FUNCTION /* TEMPLATE: schema */atomicphase_key_delete();
