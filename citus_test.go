@@ -56,6 +56,11 @@ func TestMigrateDistributesOnCitus(t *testing.T) {
 	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT column_to_column_name(logicalrelid, partkey)
 		FROM pg_dist_partition WHERE logicalrelid = 'idempotency_keys'::regclass`).Scan(&column))
 	require.Equal(t, "scope", column)
+	var colocated bool
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT h.colocationid = k.colocationid AND column_to_column_name(h.logicalrelid, h.partkey) = 'scope'
+		FROM pg_dist_partition h, pg_dist_partition k
+		WHERE h.logicalrelid = 'atomicphase_key_history'::regclass AND k.logicalrelid = 'idempotency_keys'::regclass`).Scan(&colocated))
+	require.True(t, colocated, "a key's history lives on its shard")
 
 	distribution := func() []string {
 		rows, err := b.db.Pool.Query(b.ctx, `

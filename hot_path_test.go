@@ -20,7 +20,7 @@ import (
 // finish write a new entry in it: no longer a HOT update.
 // (next_attempt_at, also written, stays NULL on such a key.)
 var finishWrites = []string{"recovery_point", "next_phase", "state", "locked_at", "response_status",
-	"response_header", "response_body", "finished_at", "unknown_at", "call_until", "updated_at"}
+	"response_header", "response_body", "finished_at", "unknown_at", "call_until", "updated_at", "status"}
 
 // A request that succeeds first time writes two index entries in all (the
 // key's primary key and its creation time), and its finish changes no
@@ -66,6 +66,10 @@ func TestFreshRequestWritesTwoIndexEntriesAndFinishesHOT(t *testing.T) {
 	require.ElementsMatch(t, []string{"idempotency_keys_pkey", "idempotency_keys_created_at_idx"}, entries,
 		"the finished key has an entry in these indexes only")
 	require.Len(t, indexes, 4, "the key table's indexes: the primary key, creation time, keys that went wrong, parked keys")
+	require.Zero(t, historyRows(t, b), "nor a row, nor an index entry, in the key's history")
+	var status *string
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT status FROM idempotency_keys WHERE scope = 'u' AND idempotency_key = 'k'`).Scan(&status))
+	require.Nil(t, status, "a key that never went wrong keeps no status: its finish leaves the row's last column alone")
 }
 
 // A key that never went wrong carries no mark, and its process may die

@@ -89,7 +89,7 @@ var allObjects = []string{
 	"function atomicphase_record_resolution", "function atomicphase_record_unit", "function atomicphase_record_verdict", "function atomicphase_release", "function atomicphase_release", "function atomicphase_release",
 	"function atomicphase_renew",
 	"function atomicphase_stale_before", "function atomicphase_status_may_change", "function atomicphase_status_of", "function atomicphase_take",
-	"function atomicphase_unpark", "table atomicphase_audit", "table atomicphase_sweep_watermark", "table atomicphase_workflow_versions", "table idempotency_keys",
+	"function atomicphase_unpark", "table atomicphase_audit", "table atomicphase_key_history", "table atomicphase_sweep_watermark", "table atomicphase_workflow_versions", "table idempotency_keys",
 }
 
 // schemaObjects lists the atomicphase tables and functions in schema, from

@@ -2037,14 +2037,69 @@ DROP INDEX CONCURRENTLY IF EXISTS idempotency_keys_parked_at_idx;
 -- unknown), parked, finished. Time changes none of them: a running key
 -- whose lease ran out (stale) and a waiting key in a call's quiet period
 -- are what a reader makes of the status and the lease, never a write.
--- A key recorded before this migration has none (NULL) until its next
--- write; atomicphase_status_of says what it is.
+--
+-- A key that never went wrong has none (NULL): it is running until its
+-- response is stored, and finished after. Its finish thus leaves the
+-- column alone: the column is the table's last, and a finish that
+-- changed it would end PostgreSQL's compression of the HOT update's WAL
+-- record at the row's end (48 more bytes a request, measured). Once a key
+-- leaves that path (it fails, waits, is parked, is taken over), its state
+-- is stored on every write after, to the end. A key recorded before this migration has
+-- none until its next write. So coalesce(status, atomicphase_status_of(...))
+-- is every key's state.
 
 -- On Citus, the key table may be distributed already, and the triggers
 -- below read only the row they fire for, on its shard (a setting of no
 -- effect elsewhere).
 SET LOCAL citus.enable_unsafe_triggers = on;
 ALTER TABLE idempotency_keys ADD COLUMN status text;
+
+-- A key's history: what went wrong with it, one row per event, written by
+-- the trigger below only when something does (an attempt that failed, or
+-- left an outcome unknown, or parked the key; a take of a key that went
+-- wrong, or of one whose holder's lease ran out; an unpark, a verdict; the
+-- finish of a key that went wrong). A request that
+-- succeeds first time writes none. Operators' actions, with who took them,
+-- are in atomicphase_audit. Deleted with its key.
+CREATE TABLE atomicphase_key_history (
+    scope           text        NOT NULL,
+    idempotency_key text        NOT NULL,
+    id              bigint      GENERATED ALWAYS AS IDENTITY,
+    at              timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- failed, unknown, parked, resumed, taken_over, unparked, resolved,
+    -- settled, finished
+    event           text        NOT NULL,
+    status_before   text        NOT NULL,
+    status          text        NOT NULL,
+    recovery_point  text        NOT NULL,
+    -- The key's attempts, and the lock token of the attempt the event is
+    -- of (the one that failed, the one that took the key).
+    attempt         integer     NOT NULL,
+    lock_token      bigint      NOT NULL,
+    -- Why the attempt failed (the key's last_error), for a failure.
+    error           text,
+    PRIMARY KEY (scope, idempotency_key, id)
+);
+
+-- On Citus, a key table already distributed takes its history beside it,
+-- on the same shards, before any trigger writes it. (A new install's is
+-- distributed with the key table, CitusDistribution.)
+DO $$
+DECLARE
+    -- The tables, named without a string literal (the schema's name is
+    -- any identifier): by their row types.
+    v_keys    regclass := (SELECT t.typrelid FROM pg_catalog.pg_type t
+                           WHERE t.oid = pg_typeof(NULL::idempotency_keys));
+    v_history regclass := (SELECT t.typrelid FROM pg_catalog.pg_type t
+                           WHERE t.oid = pg_typeof(NULL::atomicphase_key_history));
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+        IF EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = v_keys) THEN
+            PERFORM create_distributed_table(v_history, 'scope', colocate_with := v_keys::text);
+        END IF;
+    END IF;
+END
+$$;
 
 -- atomicphase_status_of is the state a key's columns put it in: the one
 -- definition, which the triggers below store in status on every write.
@@ -2097,17 +2152,51 @@ $$;
 -- what the function does (docs/performance.md).
 CREATE FUNCTION atomicphase_key_status() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-    v_to text := atomicphase_status_of(NEW.response_status, NEW.parked_at, NEW.locked_at, NEW.unknown_at);
-    v_from text;
+    v_to    text := atomicphase_status_of(NEW.response_status, NEW.parked_at, NEW.locked_at, NEW.unknown_at);
+    v_from  text;
+    v_event text;
 BEGIN
-    IF TG_OP = 'UPDATE' THEN
-        v_from := atomicphase_status_of(OLD.response_status, OLD.parked_at, OLD.locked_at, OLD.unknown_at);
-        IF NOT atomicphase_status_may_change(v_from, v_to) THEN
-            RAISE EXCEPTION 'idempotency key % is %: no operation makes it %', OLD.idempotency_key, v_from, v_to
-                USING ERRCODE = 'AP010';
-        END IF;
+    IF TG_OP = 'INSERT' THEN
+        NEW.status := CASE WHEN v_to NOT IN ('running', 'finished') THEN v_to END;
+        RETURN NEW;
     END IF;
-    NEW.status := v_to;
+    v_from := atomicphase_status_of(OLD.response_status, OLD.parked_at, OLD.locked_at, OLD.unknown_at);
+    IF NOT atomicphase_status_may_change(v_from, v_to) THEN
+        RAISE EXCEPTION 'idempotency key % is %: no operation makes it %', OLD.idempotency_key, v_from, v_to
+            USING ERRCODE = 'AP010';
+    END IF;
+    -- A key on the happy path keeps none (see the column).
+    NEW.status := CASE WHEN OLD.status IS NULL AND v_from = 'running' AND v_to IN ('running', 'finished')
+                            AND NEW.lock_token = OLD.lock_token THEN NULL
+                       ELSE v_to END;
+    -- The history: nothing for a checkpoint, nor for the finish of a key
+    -- that never went wrong.
+    IF v_from = v_to THEN
+        v_event := CASE
+            WHEN v_to = 'running' AND NEW.lock_token <> OLD.lock_token THEN 'taken_over'
+            WHEN NEW.resolved_at IS DISTINCT FROM OLD.resolved_at THEN 'resolved' END;
+    ELSIF v_to = 'finished' THEN
+        v_event := CASE WHEN OLD.status IS NOT NULL THEN 'finished' END;
+    ELSIF v_from = 'running' THEN
+        v_event := CASE v_to WHEN 'waiting' THEN 'failed' ELSE v_to END;
+    ELSIF NEW.resolved_at IS DISTINCT FROM OLD.resolved_at THEN
+        v_event := 'resolved';
+    ELSIF v_to = 'running' THEN
+        v_event := 'resumed';
+    ELSIF v_from = 'parked' THEN
+        v_event := 'unparked';
+    ELSIF v_to IN ('parked', 'unknown') THEN
+        v_event := v_to;
+    ELSE
+        v_event := 'settled'; -- an unknown outcome settled, no attempt holding the key
+    END IF;
+    IF v_event IS NOT NULL THEN
+        INSERT INTO atomicphase_key_history
+            (scope, idempotency_key, event, status_before, status, recovery_point, attempt, lock_token, error)
+        VALUES (NEW.scope, NEW.idempotency_key, v_event, v_from, v_to, NEW.recovery_point, NEW.attempts,
+                CASE WHEN v_to = 'running' THEN NEW.lock_token ELSE OLD.lock_token END,
+                CASE WHEN v_from = 'running' AND v_to IN ('waiting', 'unknown', 'parked') THEN NEW.last_error END);
+    END IF;
     RETURN NEW;
 END
 $$;
@@ -2129,6 +2218,8 @@ BEGIN
     IF atomicphase_deletable(OLD.response_status, OLD.parked_at, OLD.locked_at,
                                                    OLD.unknown_at, OLD.called_at, OLD.call_until)
        OR current_setting('atomicphase.forget_forced', true) = 'on' THEN
+        DELETE FROM atomicphase_key_history h
+        WHERE h.scope = OLD.scope AND h.idempotency_key = OLD.idempotency_key;
         RETURN OLD;
     END IF;
     -- The trail, where it is on the key's node (the key table's schema):
@@ -2140,6 +2231,8 @@ BEGIN
         IF EXISTS (SELECT 1 FROM atomicphase_audit a
                    WHERE a.scope = OLD.scope AND a.idempotency_key = OLD.idempotency_key
                      AND a.action = 'forget' AND a.detail @> '{"forced": true}' AND a.at >= OLD.created_at) THEN
+            DELETE FROM atomicphase_key_history h
+            WHERE h.scope = OLD.scope AND h.idempotency_key = OLD.idempotency_key;
             RETURN OLD;
         END IF;
     END IF;

@@ -72,6 +72,11 @@ func TestKeyPageShowsPhasesResponseAndEscapedError(t *testing.T) {
 	require.Contains(t, body, `name \x1b]8;;http://evil.example/\x07click me`, "the escape is shown, written out")
 	require.Contains(t, body, "refused\\x1b[2J\nsecond line", "the error keeps its lines")
 	require.Contains(t, body, "POST /refund")
+	require.Contains(t, body, `<table id="history">`)
+	hist := body[strings.Index(body, `<table id="history">`):]
+	hist = hist[:strings.Index(hist, "</table>")]
+	require.Contains(t, text(hist), "failed running → waiting started 1", "the history shows what went wrong")
+	require.Contains(t, hist, "refused\\x1b[2J", "and why, escaped")
 
 	_, body = b.get(t, "/key?scope=frank&key=unknown-1")
 	require.Contains(t, text(body), "buy_label next")
@@ -81,6 +86,7 @@ func TestKeyPageShowsPhasesResponseAndEscapedError(t *testing.T) {
 	require.Contains(t, body, `id="response-status">201<`)
 	require.Contains(t, body, "Content-Type: application/json")
 	require.Contains(t, body, "&#34;item&#34;: &#34;finished-1&#34;", "the body, indented")
+	require.Contains(t, body, "Nothing went wrong with this key.")
 
 	code, _ = b.get(t, "/key?scope=nobody&key=nothing")
 	require.Equal(t, http.StatusNotFound, code)

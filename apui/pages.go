@@ -233,6 +233,10 @@ type keyData struct {
 	// OlderURL the link to the next (older) page, if any.
 	Audit    []*atomicphase.AuditEntry
 	OlderURL string
+	// History is what went wrong with the key, oldest first; NoHistory is
+	// set when the database keeps none (a schema before migration 019).
+	History   []*atomicphase.KeyEvent
+	NoHistory bool
 }
 
 // phaseMark is a phase on a key's page: done (committed), next (where the
@@ -273,6 +277,20 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) {
 	}
 	if next != nil {
 		d.OlderURL = h.keyURL(scope, key) + "&" + url.Values{"before": {strconv.FormatInt(*next, 10)}}.Encode() + "#audit"
+	}
+	d.History, err = h.opts.Runner.KeyHistory(r.Context(), scope, key, 0)
+	switch {
+	case errors.Is(err, atomicphase.ErrSchemaMissing):
+		d.NoHistory = true
+	case err != nil:
+		h.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	for _, e := range d.History {
+		if e.Error != nil {
+			msg := h.errorText(scope, key, *e.Error)
+			e.Error = &msg
+		}
 	}
 	h.render(w, r, http.StatusOK, "key", &page{Title: "Key " + escapeControl(key), Data: d, Notice: notice(r)})
 }

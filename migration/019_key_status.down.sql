@@ -8,4 +8,5 @@ DROP FUNCTION IF EXISTS /* TEMPLATE: schema */atomicphase_key_status();
 DROP FUNCTION IF EXISTS /* TEMPLATE: schema */atomicphase_deletable(integer, timestamptz, timestamptz, timestamptz, timestamptz, timestamptz);
 DROP FUNCTION IF EXISTS /* TEMPLATE: schema */atomicphase_status_may_change(text, text);
 DROP FUNCTION IF EXISTS /* TEMPLATE: schema */atomicphase_status_of(integer, timestamptz, timestamptz, timestamptz);
+DROP TABLE IF EXISTS /* TEMPLATE: schema */atomicphase_key_history;
 ALTER TABLE /* TEMPLATE: schema */idempotency_keys DROP COLUMN IF EXISTS status;

@@ -25,7 +25,13 @@ func TestCLIActionsAreAudited(t *testing.T) {
 
 	res = b.run(t, "inspect", "bob", "parked-1")
 	require.Equal(t, 0, res.code, res.stderr)
+	require.Regexp(t, `history \(oldest first\):\n  \S+Z  parked      running -> parked  at started  attempt 1  token \d+: phase "payout": account closed: payouts to it are refused\n  \S+Z  unparked    parked -> waiting  at started  attempt 1  token \d+\n  \S+Z  unknown     waiting -> unknown  at started  attempt 1  token \d+\n  \S+Z  resolved    unknown -> unknown  at started  attempt 1  token \d+\n`, res.stdout)
 	require.Regexp(t, `audit trail \(newest first\):\n  \S+Z  ben  resolve: bank portal  \{"result": "po_7", "happened": true\}\n  \S+Z  ana  unpark  \{"status_before": "parked"\}\n`, res.stdout)
+	res = b.run(t, "inspect", "bob", "parked-1", "--json")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, `"history":[{"id":`)
+	require.Contains(t, res.stdout, `"event":"parked","status_before":"running","status":"parked"`)
+	require.Contains(t, res.stdout, `"event":"unparked","status_before":"parked","status":"waiting"`)
 
 	trail, err := b.runner.AuditTrail(b.ctx, "alice", "finished-1", 0)
 	require.NoError(t, err)

@@ -24,7 +24,9 @@ func (c *cli) inspectCmd() *cobra.Command {
 		Long: strings.TrimSpace(`
 Show everything stored for one key, without locking or changing it: its
 status, recovery point, lock, attempts, last error (whole), backoff, parked
-mark, timestamps, state as stored, and the stored response once finished.
+mark, timestamps, state as stored, the stored response once finished, its
+history (what went wrong with it: each failed attempt and why, each take,
+park, unpark and verdict, oldest first) and its audit trail.
 
 The response body is shown as text when it is UTF-8, and as base64 otherwise
 (--json says which in body_encoding).
@@ -54,14 +56,22 @@ a renamed phase). A console mounted in your service shows them all.`),
 				if err != nil {
 					return err
 				}
+				// A schema before migration 019 has no history: the rest
+				// is shown, and the history says so.
+				history, err := r.KeyHistory(cmd.Context(), scope, key, 0)
+				noHistory := errors.Is(err, atomicphase.ErrSchemaMissing)
+				if err != nil && !noHistory {
+					return err
+				}
 				if asJSON {
 					d := detail(info)
-					d.Audit = trail
+					d.Audit, d.History = trail, history
 					return writeJSONLine(c.stdout, d)
 				}
 				if err := writeKeyDetail(c.stdout, info); err != nil {
 					return err
 				}
+				writeHistory(c.stdout, history, noHistory)
 				writeAuditTrail(c.stdout, trail)
 				return nil
 			})

@@ -57,6 +57,9 @@ type keyDetail struct {
 	Response       *responseDetail `json:"response"`
 	// Audit is the key's audit trail, newest first.
 	Audit []*atomicphase.AuditEntry `json:"audit"`
+	// History is what went wrong with the key, oldest first
+	// (Runner.KeyHistory).
+	History []*atomicphase.KeyEvent `json:"history"`
 }
 
 // responseDetail is a stored response. The body is text when it is UTF-8

@@ -46,18 +46,21 @@ var citusFunctions = []struct {
 }
 
 // unsafeTriggers lets the key table be distributed with its triggers
-// (migration 019), which read only the row they fire for, on its shard.
+// (migration 019), which read and write only the row they fire for and
+// its history, on its shard.
 const unsafeTriggers = "SET citus.enable_unsafe_triggers = on"
 
-// CitusDistribution returns the statements that distribute the key table
-// and its functions on a Citus coordinator, for schema ("" for the
-// search_path), in order, to run in one session: what MigrateOpts.Citus
-// runs after the migrations (skipping the table's when it is distributed
-// already). Run them yourself after your own migration tool applied the
+// CitusDistribution returns the statements that distribute the key table,
+// its history beside it, and its functions on a Citus coordinator, for
+// schema ("" for the search_path), in order, to run in one session: what
+// MigrateOpts.Citus runs after the migrations (skipping a table that is
+// distributed already). Run them yourself after your own migration tool applied the
 // migrations (and again after any migration that recreates a function).
 func CitusDistribution(schema string) []string {
 	table := quoteLiteral(qualifiedName(schema, "idempotency_keys"))
-	stmts := []string{unsafeTriggers, fmt.Sprintf("SELECT create_distributed_table(%s, 'scope')", table)}
+	stmts := []string{unsafeTriggers, fmt.Sprintf("SELECT create_distributed_table(%s, 'scope')", table),
+		fmt.Sprintf("SELECT create_distributed_table(%s, 'scope', colocate_with := %s)",
+			quoteLiteral(qualifiedName(schema, "atomicphase_key_history")), table)}
 	for _, f := range citusFunctions {
 		stmts = append(stmts, fmt.Sprintf(
 			"SELECT create_distributed_function(%s, 'p_scope', colocate_with := %s, force_delegation := %t)",
@@ -91,10 +94,14 @@ func DistributeOnCitus(ctx context.Context, db Beginner, schema string) error {
 		return err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	var distributed bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = $1::regclass)`,
-		qualifiedName(schema, "idempotency_keys")).Scan(&distributed); err != nil {
-		return err
+	// The tables first (migration 019 distributes the history of a key
+	// table distributed before it).
+	var distributed [2]bool
+	for i, name := range []string{"idempotency_keys", "atomicphase_key_history"} {
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = $1::regclass)`,
+			qualifiedName(schema, name)).Scan(&distributed[i]); err != nil {
+			return err
+		}
 	}
 	// A function already distributed as it should be is left alone, so
 	// that processes starting together do not all rewrite its metadata.
@@ -118,8 +125,8 @@ func DistributeOnCitus(ctx context.Context, db Beginner, schema string) error {
 	for i, sql := range CitusDistribution(schema) {
 		switch {
 		case i == 0: // the session's setting, below
-		case i == 1 && distributed:
-		case i > 1 && done[citusFunctions[i-2].signature]:
+		case i == 1 && distributed[0], i == 2 && distributed[1]:
+		case i > 2 && done[citusFunctions[i-3].signature]:
 		default:
 			stmts = append(stmts, sql)
 		}

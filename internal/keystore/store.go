@@ -74,7 +74,7 @@ type statements struct {
 	inspect, list, unpark, forgetRead, forget, recordResolution,
 	abandoned, unknownWorkflows, reapPick, reapOne, reapParkedPick, reapParkedOne,
 	levels, recentTrouble, page, pageUnfinished, scopeKeys,
-	recordAudit, auditTrail,
+	recordAudit, auditTrail, history,
 	versionOf, announce, versionDrained, reclaimVersion, deployed, otherVersions, versionKeys, versions, undoAttempt,
 	claim, recordUnit,
 	watermark, planWatermark, passed, markPassed, moveWatermark string
@@ -114,6 +114,7 @@ func New(schema string, lockTimeout time.Duration) *Store {
 		scopeKeys:        r(scopeKeysSQL),
 		recordAudit:      r(recordAuditSQL),
 		auditTrail:       r(auditTrailSQL),
+		history:          r(historySQL),
 		versionOf:        r(versionOfSQL),
 		announce:         r(announceSQL),
 		versionDrained:   r(versionDrainedSQL),

@@ -1,0 +1,149 @@
+package atomicphase_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/atomicphasetest"
+)
+
+// events are the (event, from, to) of a key's history, in order.
+func events(t *testing.T, b *testBundle, key string) [][3]string {
+	t.Helper()
+	h, err := b.runner.KeyHistory(b.ctx, "driver_1", key, 0)
+	require.NoError(t, err)
+	out := make([][3]string, len(h))
+	for i, e := range h {
+		out[i] = [3]string{e.Event, e.StatusBefore, e.Status}
+	}
+	return out
+}
+
+// historyRows counts the rows of the history table, every key's.
+func historyRows(t *testing.T, b *testBundle) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM atomicphase_key_history`).Scan(&n))
+	return n
+}
+
+// A key's history is what went wrong with it, in order: the failed
+// attempt and why, the retry that took it, the finish after it. A key
+// that succeeds first time, or is replayed, writes none.
+func TestKeyHistoryRecordsWhatWentWrong(t *testing.T) {
+	t.Parallel()
+	b := setup(t, syncBankConfig())
+	bk := newBank()
+	var faults modelFaults
+	faults.set("", false)
+	wf := modelWorkflow(bk, &faults)
+
+	_, err := b.runner.Run(b.ctx, wf, payoutRequest("fine"))
+	require.NoError(t, err)
+	resp, err := b.runner.Run(b.ctx, wf, payoutRequest("fine"))
+	require.NoError(t, err)
+	require.True(t, resp.Replayed)
+	require.Empty(t, events(t, b, "fine"))
+	require.Zero(t, historyRows(t, b), "a request that succeeds first time writes no history")
+
+	faults.transient.Store(true)
+	_, err = b.runner.Run(b.ctx, wf, payoutRequest("k"))
+	require.Error(t, err)
+	faults.transient.Store(false)
+	_, err = b.runner.Run(b.ctx, wf, payoutRequest("k"))
+	require.NoError(t, err)
+	require.Equal(t, [][3]string{
+		{"failed", "running", "waiting"},
+		{"resumed", "waiting", "running"},
+		{"finished", "running", "finished"},
+	}, events(t, b, "k"))
+	h, err := b.runner.KeyHistory(b.ctx, "driver_1", "k", 0)
+	require.NoError(t, err)
+	require.NotNil(t, h[0].Error)
+	require.Contains(t, *h[0].Error, "a passing fault in prepare", "why the attempt failed")
+	require.Equal(t, 1, h[0].Attempt)
+	require.Equal(t, 2, h[1].Attempt)
+	require.NotEqual(t, h[0].LockToken, h[1].LockToken, "each event names its attempt")
+	require.Nil(t, h[1].Error)
+	require.True(t, h[0].At.Before(h[2].At) || h[0].At.Equal(h[2].At))
+	var status *string
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT status FROM idempotency_keys WHERE scope = 'driver_1' AND idempotency_key = $1`, "k").Scan(&status))
+	require.Equal(t, "finished", *status, "a key that went wrong keeps its state to the end")
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT status FROM idempotency_keys WHERE scope = 'driver_1' AND idempotency_key = $1`, "fine").Scan(&status))
+	require.Nil(t, status, "one that never did keeps none")
+	last, err := b.runner.KeyHistory(b.ctx, "driver_1", "k", 1)
+	require.NoError(t, err)
+	require.Len(t, last, 1, "the limit holds")
+}
+
+// Parked with its outcome unknown, given a verdict, resumed, finished;
+// then a held key taken over once its holder's lease ran out; and a
+// forgotten key's history goes with it.
+func TestKeyHistoryOfAParkedKeyAndATakeover(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &atomicphase.Config{CallGrace: time.Nanosecond, MaxAttempts: 2})
+	bk := newBank()
+	wf := payoutWorkflow(bk)
+	parkUnknown(t, b, bk, wf, "p")
+	require.NoError(t, b.runner.RecordResolution(b.ctx, "driver_1", "p", true, "the bank says it paid"))
+	_, err := b.runner.Run(b.ctx, wf, payoutRequest("p"))
+	require.NoError(t, err)
+	got := events(t, b, "p")
+	require.Equal(t, [][3]string{
+		{"unknown", "running", "unknown"},
+		{"resumed", "unknown", "running"},
+		{"parked", "running", "parked"},
+		{"resolved", "parked", "unknown"},
+		{"resumed", "unknown", "running"},
+		{"finished", "running", "finished"},
+	}, got)
+	require.Len(t, bk.payouts, 1)
+
+	require.NoError(t, b.runner.Forget(b.ctx, "driver_1", "p"))
+	require.Empty(t, events(t, b, "p"), "forgotten with its key")
+	require.Zero(t, historyRows(t, b))
+}
+
+// A process dies holding a key; its lease runs out; a retry takes it over.
+func TestKeyHistoryOfATakeover(t *testing.T) {
+	t.Parallel()
+	var crash atomic.Bool
+	b := setup(t, &atomicphase.Config{CallGrace: time.Nanosecond,
+		FaultInjector: atomicphase.FaultInjectorFunc(func(_ context.Context, at atomicphase.FaultPoint, _ *pgx.Conn) error {
+			if at.Phase == "pay" && at.Place == atomicphase.BeforePhase && crash.Swap(false) {
+				return fmt.Errorf("killed: %w", atomicphase.ErrCrashed)
+			}
+			return nil
+		})})
+	bk := newBank()
+	wf := payoutWorkflow(bk)
+	crash.Store(true)
+	_, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+	require.ErrorIs(t, err, atomicphase.ErrCrashed)
+	require.Empty(t, events(t, b, "k"), "a key held by a live-looking attempt has no history yet")
+	require.NoError(t, atomicphasetest.AgeLocks(b.ctx, b.db.Pool, time.Hour))
+	_, err = b.runner.Run(b.ctx, wf, payoutRequest("k"))
+	require.NoError(t, err)
+	require.Equal(t, [][3]string{
+		{"taken_over", "running", "running"},
+		{"finished", "running", "finished"},
+	}, events(t, b, "k"))
+}
+
+// On a schema before migration 019, KeyHistory says the schema is missing
+// what it needs.
+func TestKeyHistoryNeedsItsMigration(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t, unmigratedDBOpts, nil)
+	_, err := atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{TargetVersion: atomicphase.MinVersion})
+	require.NoError(t, err)
+	_, err = b.runner.KeyHistory(b.ctx, "s", "k", 0)
+	require.ErrorIs(t, err, atomicphase.ErrSchemaMissing)
+}
