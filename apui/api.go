@@ -136,6 +136,28 @@ func (h *Handler) apiAudit(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, &auditJSON{Audit: trail, Next: next})
 }
 
+// historyJSON is api/history's answer.
+type historyJSON struct {
+	History []*atomicphase.KeyEvent `json:"history"`
+}
+
+func (h *Handler) apiHistory(w http.ResponseWriter, r *http.Request) {
+	scope, key := r.URL.Query().Get("scope"), r.URL.Query().Get("key")
+	if key == "" {
+		writeError(w, http.StatusBadRequest, errors.New("api/history needs the key's scope and key: api/history?scope=...&key=..."))
+		return
+	}
+	events, err := h.history(r.Context(), scope, key)
+	if err != nil {
+		writeError(w, statusOf(err), err)
+		return
+	}
+	if events == nil {
+		events = []*atomicphase.KeyEvent{}
+	}
+	writeJSON(w, http.StatusOK, &historyJSON{History: events})
+}
+
 func (h *Handler) apiKey(w http.ResponseWriter, r *http.Request) {
 	scope, key := r.URL.Query().Get("scope"), r.URL.Query().Get("key")
 	if key == "" {

@@ -55,6 +55,15 @@ func TestAPIReadsAndActs(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, b.apiCall(t, "GET", "/api/key?scope=x&key=y", "", "", &e))
 	require.Contains(t, e["error"], "not found")
 
+	var hist historyJSON
+	require.Equal(t, http.StatusOK, b.apiCall(t, "GET", "/api/history?scope=erin&key=hostile-1", "", "", &hist))
+	require.NotEmpty(t, hist.History)
+	require.Equal(t, "failed", hist.History[0].Event)
+	require.NotNil(t, hist.History[0].Error, "why it failed")
+	require.Equal(t, http.StatusOK, b.apiCall(t, "GET", "/api/history?scope=alice&key=finished-1", "", "", &hist))
+	require.Empty(t, hist.History, "nothing went wrong with it")
+	require.Equal(t, http.StatusBadRequest, b.apiCall(t, "GET", "/api/history?scope=alice", "", "", &e))
+
 	// Actions take JSON only: a form (what a cross-site page can send
 	// without a preflight) is refused, and changes nothing.
 	require.Equal(t, http.StatusBadRequest, b.apiCall(t, "POST", "/api/key/unpark", "application/x-www-form-urlencoded",

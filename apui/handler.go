@@ -163,6 +163,7 @@ func NewHandler(opts *Options) (*Handler, error) {
 	h.mux.HandleFunc("GET "+p+"/api/key", h.apiKey)
 	h.mux.HandleFunc("GET "+p+"/api/lookup", h.apiLookup)
 	h.mux.HandleFunc("GET "+p+"/api/audit", h.apiAudit)
+	h.mux.HandleFunc("GET "+p+"/api/history", h.apiHistory)
 	h.mux.HandleFunc("GET "+p+"/api/versions", h.apiVersions)
 	h.mux.HandleFunc("POST "+p+"/api/key/{action}", h.apiKeyAction)
 	h.mux.HandleFunc("POST "+p+"/api/bulk/{action}", h.apiBulk)

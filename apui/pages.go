@@ -1,6 +1,7 @@
 package apui
 
 import (
+	"context"
 	"embed"
 	"errors"
 	"fmt"
@@ -278,19 +279,13 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) {
 	if next != nil {
 		d.OlderURL = h.keyURL(scope, key) + "&" + url.Values{"before": {strconv.FormatInt(*next, 10)}}.Encode() + "#audit"
 	}
-	d.History, err = h.opts.Runner.KeyHistory(r.Context(), scope, key, 0)
+	d.History, err = h.history(r.Context(), scope, key)
 	switch {
 	case errors.Is(err, atomicphase.ErrSchemaMissing):
 		d.NoHistory = true
 	case err != nil:
 		h.fail(w, r, http.StatusInternalServerError, err)
 		return
-	}
-	for _, e := range d.History {
-		if e.Error != nil {
-			msg := h.errorText(scope, key, *e.Error)
-			e.Error = &msg
-		}
 	}
 	h.render(w, r, http.StatusOK, "key", &page{Title: "Key " + escapeControl(key), Data: d, Notice: notice(r)})
 }
@@ -379,4 +374,17 @@ func derefString(p *string) string {
 		return ""
 	}
 	return *p
+}
+
+// history is a key's history, oldest first, its errors as the console may
+// show them (errorText).
+func (h *Handler) history(ctx context.Context, scope, key string) ([]*atomicphase.KeyEvent, error) {
+	events, err := h.opts.Runner.KeyHistory(ctx, scope, key, 0)
+	for _, e := range events {
+		if e.Error != nil {
+			msg := h.errorText(scope, key, *e.Error)
+			e.Error = &msg
+		}
+	}
+	return events, err
 }

@@ -69,7 +69,13 @@ func TestRedactionHoldsOnEveryPath(t *testing.T) {
 	require.NoError(t, err)
 	require.NotContains(t, string(raw), hiddenText, "api/audit")
 	_, page = b.get(t, "/key?scope=erin&key=hostile-1")
-	require.NotContains(t, page, hiddenText, "the key page's audit trail")
+	require.NotContains(t, page, hiddenText, "the key page's audit trail, and its history")
+	var hist historyJSON
+	require.Equal(t, http.StatusOK, b.apiCall(t, "GET", "/api/history?scope=erin&key=hostile-1", "", "", &hist))
+	require.NotEmpty(t, hist.History)
+	raw, err = json.Marshal(hist)
+	require.NoError(t, err)
+	require.NotContains(t, string(raw), hiddenText, "api/history")
 
 	// No error filter: a guessed text would find the key.
 	require.Equal(t, http.StatusBadRequest, b.apiCall(t, "GET", "/api/keys?error=evil", "", "", &e))
