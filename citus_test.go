@@ -319,3 +319,26 @@ func TestNewestMigrationAppliesOnADistributedKeyTable(t *testing.T) {
 	require.Equal(t, []int{newest.Version}, applied)
 	require.NoError(t, b.runner.CheckSchema(b.ctx))
 }
+
+// The rollout's first step on Citus: migrate to what this release needs,
+// before migration 019 adds the history, and distribute; then the rest,
+// which distributes the history beside the keys.
+func TestMigrateToMinVersionOnCitus(t *testing.T) {
+	t.Parallel()
+	skipUnlessCitus(t)
+	b := setupDB(t, unmigratedDBOpts, nil)
+	applied, err := atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{TargetVersion: atomicphase.MinVersion, Citus: true})
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.MinVersion, applied[len(applied)-1])
+	distributed := func(table string) bool {
+		var ok bool
+		require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = to_regclass($1))`, table).Scan(&ok))
+		return ok
+	}
+	require.True(t, distributed("idempotency_keys"))
+	applied, err = atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{Citus: true})
+	require.NoError(t, err)
+	require.NotEmpty(t, applied)
+	require.True(t, distributed("atomicphase_key_history"))
+	require.NoError(t, b.runner.CheckSchema(b.ctx))
+}

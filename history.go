@@ -49,10 +49,12 @@ type KeyEvent struct {
 // limit.
 const DefaultHistoryLimit = 200
 
-// KeyHistory returns a key's history, oldest first, at most limit events
-// (DefaultHistoryLimit when limit <= 0); none for a key that never went
-// wrong, or one that does not exist. It needs migration 019
-// (ErrSchemaMissing on an older schema).
+// KeyHistory returns a key's newest limit events (DefaultHistoryLimit when
+// limit <= 0), oldest first; none for a key that never went wrong, or one
+// that does not exist. The database keeps a key's newest 1000 events (a
+// key retried without end drops its oldest as its attempts pass each
+// hundred), and blanks their error texts when the key finishes. It needs
+// migration 019 (ErrSchemaMissing on an older schema).
 func (r *Runner) KeyHistory(ctx context.Context, scope, key string, limit int) ([]*KeyEvent, error) {
 	if limit <= 0 {
 		limit = DefaultHistoryLimit

@@ -56,6 +56,11 @@ func TestKeyHistoryRecordsWhatWentWrong(t *testing.T) {
 	faults.transient.Store(true)
 	_, err = b.runner.Run(b.ctx, wf, payoutRequest("k"))
 	require.Error(t, err)
+	h, err := b.runner.KeyHistory(b.ctx, "driver_1", "k", 0)
+	require.NoError(t, err)
+	require.Len(t, h, 1)
+	require.NotNil(t, h[0].Error)
+	require.Contains(t, *h[0].Error, "a passing fault in prepare", "why the attempt failed")
 	faults.transient.Store(false)
 	_, err = b.runner.Run(b.ctx, wf, payoutRequest("k"))
 	require.NoError(t, err)
@@ -64,10 +69,9 @@ func TestKeyHistoryRecordsWhatWentWrong(t *testing.T) {
 		{"resumed", "waiting", "running"},
 		{"finished", "running", "finished"},
 	}, events(t, b, "k"))
-	h, err := b.runner.KeyHistory(b.ctx, "driver_1", "k", 0)
+	h, err = b.runner.KeyHistory(b.ctx, "driver_1", "k", 0)
 	require.NoError(t, err)
-	require.NotNil(t, h[0].Error)
-	require.Contains(t, *h[0].Error, "a passing fault in prepare", "why the attempt failed")
+	require.Nil(t, h[0].Error, "a finished key keeps no error text, as its last error goes")
 	require.Equal(t, 1, h[0].Attempt)
 	require.Equal(t, 2, h[1].Attempt)
 	require.NotEqual(t, h[0].LockToken, h[1].LockToken, "each event names its attempt")
@@ -81,6 +85,7 @@ func TestKeyHistoryRecordsWhatWentWrong(t *testing.T) {
 	last, err := b.runner.KeyHistory(b.ctx, "driver_1", "k", 1)
 	require.NoError(t, err)
 	require.Len(t, last, 1, "the limit holds")
+	require.Equal(t, "finished", last[0].Event, "on the newest events")
 }
 
 // Parked with its outcome unknown, given a verdict, resumed, finished;
@@ -146,4 +151,59 @@ func TestKeyHistoryNeedsItsMigration(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.runner.KeyHistory(b.ctx, "s", "k", 0)
 	require.ErrorIs(t, err, atomicphase.ErrSchemaMissing)
+}
+
+// A key retried without end keeps its newest 1000 events.
+func TestKeyHistoryIsBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		_, err := b.db.Pool.Exec(b.ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	exec(`INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, locked_at, attempts)
+		VALUES ('driver_1', 'k', 'w', '\x00', 'POST', '/', '\x00', now(), 100)`)
+	exec(`INSERT INTO atomicphase_key_history (scope, idempotency_key, event, status_before, status, recovery_point, attempt, lock_token)
+		SELECT 'driver_1', 'k', 'failed', 'running', 'waiting', 'started', i, 1 FROM generate_series(1, 1200) i`)
+	exec(`UPDATE idempotency_keys SET locked_at = NULL, last_error = 'down' WHERE idempotency_key = 'k'`)
+	require.Equal(t, 1000, historyRows(t, b))
+	h, err := b.runner.KeyHistory(b.ctx, "driver_1", "k", 0)
+	require.NoError(t, err)
+	require.Len(t, h, atomicphase.DefaultHistoryLimit)
+	require.Equal(t, 100, h[len(h)-1].Attempt, "the newest are shown")
+	require.Equal(t, "down", *h[len(h)-1].Error)
+}
+
+// The triggers run as the schema's owner, on its path: a role that may
+// write the key table and nothing else, in a session whose search_path
+// does not name the schema (a restore, a script), still writes through
+// them.
+func TestKeyTriggersNeedNoGrantNorPath(t *testing.T) {
+	t.Parallel()
+	atomicphasetest.SkipOnCitus(t, "the coordinator connects to the workers as the role it is set to, which needs a login there")
+	b := setup(t, nil)
+	role := fmt.Sprintf("writer_%d", time.Now().UnixNano())
+	_, err := b.db.Pool.Exec(b.ctx, `CREATE ROLE `+role)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = b.db.Pool.Exec(context.Background(), `REVOKE ALL ON idempotency_keys FROM `+role)
+		_, _ = b.db.Pool.Exec(context.Background(), `DROP ROLE `+role)
+	})
+	_, err = b.db.Pool.Exec(b.ctx, `GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys TO `+role)
+	require.NoError(t, err)
+	var schema string
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT relnamespace::regnamespace::text FROM pg_class WHERE oid = 'idempotency_keys'::regclass`).Scan(&schema))
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+		for _, sql := range []string{`SET LOCAL ROLE ` + role, `SET LOCAL search_path TO pg_catalog`,
+			`INSERT INTO ` + schema + `.idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, locked_at)
+				VALUES ('driver_1', 'k', 'w', '\x00', 'POST', '/', '\x00', now())`,
+			`UPDATE ` + schema + `.idempotency_keys SET locked_at = NULL, parked_at = now() WHERE idempotency_key = 'k'`} {
+			if _, err := tx.Exec(b.ctx, sql); err != nil {
+				return fmt.Errorf("%s: %w", sql, err)
+			}
+		}
+		return nil
+	}))
+	require.Equal(t, [][3]string{{"parked", "running", "parked"}}, events(t, b, "k"))
 }

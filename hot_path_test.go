@@ -259,6 +259,28 @@ func TestUpgradeCarriesKeysInEveryState(t *testing.T) {
 	require.Equal(t, atomicphase.KeyParked, info.Status)
 	require.True(t, info.Unsettled, "it paid before its bug parked it")
 	require.ErrorIs(t, b.runner.Forget(b.ctx, "driver_1", "parked"), atomicphase.ErrOutcomeUnsettled)
+
+	// Migration 019 came with the upgrade: the keys made before it have
+	// their state from their columns until their next write, and the
+	// history of what the sweep did with them since; nothing deletes the
+	// parked one by hand.
+	for key, want := range map[string]struct {
+		state   string
+		history [][3]string
+	}{
+		"running":  {"finished", [][3]string{{"taken_over", "running", "running"}, {"finished", "running", "finished"}}},
+		"waiting":  {"finished", [][3]string{{"resumed", "waiting", "running"}, {"finished", "running", "finished"}}},
+		"unknown":  {"finished", [][3]string{{"resumed", "unknown", "running"}, {"finished", "running", "finished"}}},
+		"finished": {"finished", [][3]string{}},
+		"parked":   {"parked", [][3]string{}},
+	} {
+		var state string
+		require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT `+storedState+` FROM idempotency_keys WHERE scope = 'driver_1' AND idempotency_key = $1`, key).Scan(&state))
+		require.Equal(t, want.state, state, key)
+		require.Equal(t, want.history, events(t, b, key), key)
+	}
+	_, err = b.db.Pool.Exec(b.ctx, `DELETE FROM idempotency_keys WHERE idempotency_key = 'parked'`)
+	require.Equal(t, "AP011", sqlState(err), "%v", err)
 	bk.mu.Lock()
 	defer bk.mu.Unlock()
 	require.Len(t, bk.payouts, 5, "one reference per request")

@@ -314,15 +314,27 @@ func TestKeyStateTableIsTheDatabases(t *testing.T) {
 				continue
 			}
 			require.Equal(t, "AP011", sqlState(err), "%s, unsettled=%v: %v", s, unsettled, err)
-			// A forced forget on the audit trail lets it go (what
-			// ForgetForced, of this release and the previous one, writes
-			// first); so does a transaction that says it is one.
+			// A forced forget of a parked key on the audit trail lets it
+			// go (what ForgetForced, of this release and the previous
+			// one, writes first), where the trail is on the key's node;
+			// one of the key in another state, or of an earlier park, does
+			// not (a ForgetForced refused leaves its entry behind). A
+			// transaction that says it is a forced forget lets any go.
 			if unsettled {
-				require.NoError(t, b.runner.RecordAudit(b.ctx, &atomicphase.AuditEntry{Scope: "s", Key: key, Actor: "alice", Action: "forget", Note: "checked", Detail: []byte(`{"forced": true}`)}))
-				if !atomicphasetest.OnCitus() { // where the trail is not on the key's node
+				require.NoError(t, b.runner.RecordAudit(b.ctx, &atomicphase.AuditEntry{Scope: "s", Key: key, Actor: "alice", Action: "forget", Note: "checked",
+					Detail: []byte(`{"forced": true, "status_before": "` + string(s) + `"}`)}))
+				if s == "parked" && !atomicphasetest.OnCitus() {
+					_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET parked_at = now() WHERE scope = 's' AND idempotency_key = $1`, key)
+					require.NoError(t, err)
+					require.Equal(t, "AP011", sqlState(del(key)), "an entry of an earlier park")
+					require.NoError(t, b.runner.RecordAudit(b.ctx, &atomicphase.AuditEntry{Scope: "s", Key: key, Actor: "alice", Action: "forget", Note: "checked",
+						Detail: []byte(`{"forced": true, "status_before": "parked"}`)}))
+				}
+				if s == "parked" && !atomicphasetest.OnCitus() { // where the trail is not on the key's node
 					require.NoError(t, del(key))
 					continue
 				}
+				require.Equal(t, "AP011", sqlState(del(key)), "%s: the trail's entry is not for this", s)
 			}
 			require.NoError(t, pgx.BeginFunc(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
 				// As ForgetForced says it (Citus sends the setting to the

@@ -2050,8 +2050,10 @@ DROP INDEX CONCURRENTLY IF EXISTS idempotency_keys_parked_at_idx;
 
 -- On Citus, the key table may be distributed already, and the triggers
 -- below read only the row they fire for, on its shard (a setting of no
--- effect elsewhere).
+-- effect elsewhere), and its multi-shard commands must run in order (as
+-- Migrate has them run) for the functions after them to be created.
 SET LOCAL citus.enable_unsafe_triggers = on;
+SET LOCAL citus.multi_shard_modify_mode TO 'sequential';
 ALTER TABLE idempotency_keys ADD COLUMN status text;
 
 -- A key's history: what went wrong with it, one row per event, written by
@@ -2143,34 +2145,40 @@ CREATE FUNCTION atomicphase_deletable(
             AND p_called_at IS NULL AND coalesce(p_call_until < now(), true))
 $$;
 
--- The state stored, and a change that no operation may make refused
--- (AP010), on every write, by any writer: those of this release and the
--- previous one set no status. A PL/pgSQL function, whose expressions'
--- plans the session keeps, and no WHEN clause: a trigger's WHEN is
--- planned anew for every statement, the functions it names inlined and
--- their bodies parsed, which cost a request's two writes several times
--- what the function does (docs/performance.md).
-CREATE FUNCTION atomicphase_key_status() RETURNS trigger LANGUAGE plpgsql AS $$
+-- The triggers. AFTER triggers, each with a WHEN clause of plain column
+-- tests that is false for a request that succeeds first time, so that
+-- such a request pays nothing: a BEFORE UPDATE or DELETE row trigger
+-- makes PostgreSQL lock the row first, one more WAL record (54 bytes) for
+-- every write, and a function named in a WHEN clause is inlined, its body
+-- parsed, for every statement (docs/performance.md). The functions run
+-- as their owner, with the search_path of the migration: a writer that
+-- may write the key table (a previous release's role, a restore) needs no
+-- grant on the history, nor the schema on its path.
+
+-- atomicphase_key_status: after a write that moves a key off the happy
+-- path or along it after (the WHEN clause: everything but a write of a
+-- running key that never went wrong, under the same token, leaving it
+-- running or finished, no verdict, and its status untouched), it refuses
+-- a change no operation may make (AP010; the statement is undone), writes
+-- the key's history, and stores its state. The store is a second update
+-- of the row, made from the trigger, which fires nothing
+-- (pg_trigger_depth).
+CREATE FUNCTION atomicphase_key_status() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
-    v_to    text := atomicphase_status_of(NEW.response_status, NEW.parked_at, NEW.locked_at, NEW.unknown_at);
-    v_from  text;
-    v_event text;
+    v_from   text := atomicphase_status_of(OLD.response_status, OLD.parked_at, OLD.locked_at, OLD.unknown_at);
+    v_to     text := atomicphase_status_of(NEW.response_status, NEW.parked_at, NEW.locked_at, NEW.unknown_at);
+    v_status text;
+    v_event  text;
 BEGIN
-    IF TG_OP = 'INSERT' THEN
-        NEW.status := CASE WHEN v_to NOT IN ('running', 'finished') THEN v_to END;
-        RETURN NEW;
-    END IF;
-    v_from := atomicphase_status_of(OLD.response_status, OLD.parked_at, OLD.locked_at, OLD.unknown_at);
     IF NOT atomicphase_status_may_change(v_from, v_to) THEN
         RAISE EXCEPTION 'idempotency key % is %: no operation makes it %', OLD.idempotency_key, v_from, v_to
             USING ERRCODE = 'AP010';
     END IF;
     -- A key on the happy path keeps none (see the column).
-    NEW.status := CASE WHEN OLD.status IS NULL AND v_from = 'running' AND v_to IN ('running', 'finished')
-                            AND NEW.lock_token = OLD.lock_token THEN NULL
-                       ELSE v_to END;
-    -- The history: nothing for a checkpoint, nor for the finish of a key
-    -- that never went wrong.
+    v_status := CASE WHEN OLD.status IS NULL AND v_from IN ('running', 'finished') AND v_to IN ('running', 'finished')
+                          AND NEW.lock_token = OLD.lock_token THEN NULL
+                     ELSE v_to END;
     IF v_from = v_to THEN
         v_event := CASE
             WHEN v_to = 'running' AND NEW.lock_token <> OLD.lock_token THEN 'taken_over'
@@ -2196,52 +2204,86 @@ BEGIN
         VALUES (NEW.scope, NEW.idempotency_key, v_event, v_from, v_to, NEW.recovery_point, NEW.attempts,
                 CASE WHEN v_to = 'running' THEN NEW.lock_token ELSE OLD.lock_token END,
                 CASE WHEN v_from = 'running' AND v_to IN ('waiting', 'unknown', 'parked') THEN NEW.last_error END);
+        IF v_to = 'finished' THEN
+            -- A finished key keeps no error text (it may quote what the
+            -- client sent), as its last_error goes.
+            UPDATE atomicphase_key_history h SET error = NULL
+            WHERE h.scope = NEW.scope AND h.idempotency_key = NEW.idempotency_key AND h.error IS NOT NULL;
+        ELSIF NEW.attempts % 100 = 0 AND v_event IN ('failed', 'unknown', 'parked') THEN
+            -- A key retried without end keeps its newest 1000 events.
+            DELETE FROM atomicphase_key_history h
+            WHERE h.scope = NEW.scope AND h.idempotency_key = NEW.idempotency_key
+              AND h.id <= (SELECT o.id FROM atomicphase_key_history o
+                           WHERE o.scope = NEW.scope AND o.idempotency_key = NEW.idempotency_key
+                           ORDER BY o.id DESC OFFSET 1000 LIMIT 1);
+        END IF;
     END IF;
-    RETURN NEW;
+    IF v_status IS DISTINCT FROM NEW.status THEN
+        UPDATE idempotency_keys k SET status = v_status
+        WHERE k.scope = NEW.scope AND k.idempotency_key = NEW.idempotency_key;
+    END IF;
+    RETURN NULL;
 END
 $$;
 
 CREATE TRIGGER atomicphase_key_status
-    BEFORE INSERT OR UPDATE ON idempotency_keys FOR EACH ROW
+    AFTER UPDATE ON idempotency_keys FOR EACH ROW
+    WHEN (pg_trigger_depth() = 0
+          AND NOT (NEW.status IS NOT DISTINCT FROM OLD.status
+                   AND OLD.status IS NULL AND OLD.response_status IS NULL AND OLD.parked_at IS NULL
+                   AND OLD.locked_at IS NOT NULL AND NEW.parked_at IS NULL
+                   AND (NEW.locked_at IS NOT NULL OR NEW.response_status IS NOT NULL)
+                   AND NEW.lock_token = OLD.lock_token
+                   AND NEW.resolved_at IS NOT DISTINCT FROM OLD.resolved_at))
     EXECUTE FUNCTION atomicphase_key_status();
 
--- A key that is not deletable (atomicphase_deletable) is deleted only by a
--- forced forget: one whose audit trail records it (action forget, forced,
--- since the key was recorded: what ForgetForced of this release and the
--- previous one writes before it deletes), or, where the trail is not on
--- the key's node (Citus), one whose transaction says so
--- (atomicphase.forget_forced, which ForgetForced sets). Anything else, a
--- hand-written DELETE included, is refused (AP011). The request path
--- never deletes.
-CREATE FUNCTION atomicphase_key_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+-- atomicphase_key_delete: a key that is not deletable
+-- (atomicphase_deletable) is deleted only by a forced forget, and any
+-- other DELETE, a hand-written one included, is refused (AP011; the
+-- statement is undone). A forced forget is one whose transaction says so
+-- (atomicphase.forget_forced, which ForgetForced sets), or, for a parked
+-- key and where the trail is on the key's node (not on Citus), one the
+-- audit trail records (action forget, forced, of the key parked, since it
+-- was parked: what ForgetForced of this release and the previous one
+-- writes before it deletes). A key's history goes with it. The WHEN
+-- clause leaves out a key that never went wrong and may be deleted (what
+-- the reaper deletes).
+CREATE FUNCTION atomicphase_key_delete() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    v_allowed boolean := false;
 BEGIN
     IF atomicphase_deletable(OLD.response_status, OLD.parked_at, OLD.locked_at,
                                                    OLD.unknown_at, OLD.called_at, OLD.call_until)
        OR current_setting('atomicphase.forget_forced', true) = 'on' THEN
-        DELETE FROM atomicphase_key_history h
-        WHERE h.scope = OLD.scope AND h.idempotency_key = OLD.idempotency_key;
-        RETURN OLD;
+        v_allowed := true;
+    -- The trail, where it is on the key's node (the key table's schema),
+    -- read apart: a statement naming a table that is not there fails
+    -- when it is planned.
+    ELSIF OLD.parked_at IS NOT NULL AND OLD.locked_at IS NULL AND EXISTS (
+              SELECT FROM pg_catalog.pg_class c
+              WHERE c.relname = 'atomicphase_audit' AND c.relnamespace = (
+                  SELECT t.relnamespace FROM pg_catalog.pg_class t WHERE t.oid = TG_RELID)) THEN
+        v_allowed := EXISTS (SELECT 1 FROM atomicphase_audit a
+                            WHERE a.scope = OLD.scope AND a.idempotency_key = OLD.idempotency_key
+                              AND a.action = 'forget' AND a.detail @> '{"forced": true, "status_before": "parked"}'
+                              AND a.at >= OLD.parked_at);
     END IF;
-    -- The trail, where it is on the key's node (the key table's schema):
-    -- checked apart, for a statement naming a table that is not there
-    -- fails when it is planned.
-    IF EXISTS (SELECT FROM pg_catalog.pg_class c
-               WHERE c.relname = 'atomicphase_audit' AND c.relnamespace = (
-                   SELECT t.relnamespace FROM pg_catalog.pg_class t WHERE t.oid = TG_RELID)) THEN
-        IF EXISTS (SELECT 1 FROM atomicphase_audit a
-                   WHERE a.scope = OLD.scope AND a.idempotency_key = OLD.idempotency_key
-                     AND a.action = 'forget' AND a.detail @> '{"forced": true}' AND a.at >= OLD.created_at) THEN
-            DELETE FROM atomicphase_key_history h
-            WHERE h.scope = OLD.scope AND h.idempotency_key = OLD.idempotency_key;
-            RETURN OLD;
-        END IF;
+    IF NOT v_allowed THEN
+        RAISE EXCEPTION 'idempotency key % is %, and may have paid: only a forced forget deletes it', OLD.idempotency_key,
+            atomicphase_status_of(OLD.response_status, OLD.parked_at, OLD.locked_at, OLD.unknown_at)
+            USING ERRCODE = 'AP011';
     END IF;
-    RAISE EXCEPTION 'idempotency key % is %, and may have paid: only a forced forget deletes it', OLD.idempotency_key,
-        atomicphase_status_of(OLD.response_status, OLD.parked_at, OLD.locked_at, OLD.unknown_at)
-        USING ERRCODE = 'AP011';
+    DELETE FROM atomicphase_key_history h
+    WHERE h.scope = OLD.scope AND h.idempotency_key = OLD.idempotency_key;
+    RETURN NULL;
 END
 $$;
 
 CREATE TRIGGER atomicphase_key_delete
-    BEFORE DELETE ON idempotency_keys FOR EACH ROW
+    AFTER DELETE ON idempotency_keys FOR EACH ROW
+    WHEN (OLD.status IS NOT NULL
+          OR NOT (OLD.response_status IS NOT NULL
+                  OR (OLD.parked_at IS NOT NULL AND OLD.locked_at IS NULL AND OLD.unknown_at IS NULL
+                      AND OLD.called_at IS NULL AND (OLD.call_until IS NULL OR OLD.call_until < now()))))
     EXECUTE FUNCTION atomicphase_key_delete();

@@ -96,9 +96,12 @@ func DistributeOnCitus(ctx context.Context, db Beginner, schema string) error {
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 	// The tables first (migration 019 distributes the history of a key
 	// table distributed before it).
+	// (A schema migrated to a version before 019 has no history: it is
+	// left out.)
 	var distributed [2]bool
 	for i, name := range []string{"idempotency_keys", "atomicphase_key_history"} {
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = $1::regclass)`,
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NULL
+			OR EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = to_regclass($1))`,
 			qualifiedName(schema, name)).Scan(&distributed[i]); err != nil {
 			return err
 		}

@@ -24,13 +24,15 @@ type HistoryEntry struct {
 	Error         *string
 }
 
-const historySQL = `SELECT id, at, event, status_before, status, recovery_point, attempt, lock_token, error
-FROM /* TEMPLATE: schema */atomicphase_key_history
-WHERE scope = $1::text AND idempotency_key = $2::text
-ORDER BY id
-LIMIT $3::integer`
+const historySQL = `SELECT * FROM (
+    SELECT id, at, event, status_before, status, recovery_point, attempt, lock_token, error
+    FROM /* TEMPLATE: schema */atomicphase_key_history
+    WHERE scope = $1::text AND idempotency_key = $2::text
+    ORDER BY id DESC
+    LIMIT $3::integer) AS newest
+ORDER BY id`
 
-// History reads a key's history, oldest first, at most limit entries.
+// History reads a key's newest limit events, oldest first.
 func (s *Store) History(ctx context.Context, db DB, scope, key string, limit int) ([]*HistoryEntry, error) {
 	var rows []*HistoryEntry
 	err := pgxscan.Select(ctx, db, &rows, s.sql.history, scope, key, limit)
