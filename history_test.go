@@ -207,3 +207,95 @@ func TestKeyTriggersNeedNoGrantNorPath(t *testing.T) {
 	}))
 	require.Equal(t, [][3]string{{"parked", "running", "parked"}}, events(t, b, "k"))
 }
+
+// The triggers' tables are the key table's schema's, whatever the writing
+// session's search_path holds: a temporary table, or a schema named after
+// the role, by the history's name, takes nothing from them.
+func TestKeyTriggersWriteTheirOwnSchemasHistory(t *testing.T) {
+	t.Parallel()
+	atomicphasetest.SkipOnCitus(t, "a temporary table and a schema per role are a single node's matter here")
+	b := setup(t, nil)
+	var user string
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT current_user`).Scan(&user))
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+		for _, sql := range []string{
+			`CREATE SCHEMA ` + pgx.Identifier{user}.Sanitize(),
+			`CREATE TABLE ` + pgx.Identifier{user, "atomicphase_key_history"}.Sanitize() + ` (LIKE atomicphase_key_history)`,
+			`CREATE TEMP TABLE atomicphase_key_history (LIKE atomicphase_key_history)`,
+			`INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, locked_at)
+				VALUES ('driver_1', 'k', 'w', '\x00', 'POST', '/', '\x00', now())`,
+			`UPDATE idempotency_keys SET locked_at = NULL, parked_at = now() WHERE idempotency_key = 'k'`,
+		} {
+			if _, err := tx.Exec(b.ctx, sql); err != nil {
+				return fmt.Errorf("%s: %w", sql, err)
+			}
+		}
+		var stray int
+		if err := tx.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM pg_temp.atomicphase_key_history)
+			+ (SELECT count(*) FROM `+pgx.Identifier{user, "atomicphase_key_history"}.Sanitize()+`)`).Scan(&stray); err != nil {
+			return err
+		}
+		if stray != 0 {
+			return fmt.Errorf("%d events went astray", stray)
+		}
+		return nil
+	}))
+	// (The Runner, on the search_path, would now read the role's schema:
+	// the key table's is read by name.)
+	var schema string
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT relnamespace::regnamespace::text FROM pg_class WHERE oid = 'idempotency_keys'::regclass`).Scan(&schema))
+	rows, err := b.db.Pool.Query(b.ctx, `SELECT event FROM `+schema+`.atomicphase_key_history WHERE idempotency_key = 'k'`)
+	require.NoError(t, err)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"parked"}, got)
+}
+
+// A write made from inside a trigger (a user's own, on another table) is
+// held to the table and recorded like any other.
+func TestKeyWritesFromATriggerAreHeldToo(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, sql := range []string{
+		`CREATE TABLE orders_done (key text)`,
+		`CREATE FUNCTION park_it() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+			UPDATE idempotency_keys SET locked_at = NULL, parked_at = now(), response_status = NULL, recovery_point = 'started'
+			WHERE idempotency_key = NEW.key; RETURN NULL; END $$`,
+		`CREATE TRIGGER park_it AFTER INSERT ON orders_done FOR EACH ROW EXECUTE FUNCTION park_it()`,
+		`INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, locked_at, recovery_point, response_status)
+			VALUES ('driver_1', 'done', 'w', '\x00', 'POST', '/', '\x00', NULL, 'finished', 201)`,
+		`INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, locked_at)
+			VALUES ('driver_1', 'k', 'w', '\x00', 'POST', '/', '\x00', now())`,
+		`INSERT INTO orders_done VALUES ('k')`,
+	} {
+		_, err := b.db.Pool.Exec(b.ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	require.Equal(t, [][3]string{{"parked", "running", "parked"}}, events(t, b, "k"))
+	var state string
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT status FROM idempotency_keys WHERE idempotency_key = 'k'`).Scan(&state))
+	require.Equal(t, "parked", state)
+	_, err := b.db.Pool.Exec(b.ctx, `INSERT INTO orders_done VALUES ('done')`)
+	require.Equal(t, "AP010", sqlState(err), "a finished key is final, from a trigger too: %v", err)
+}
+
+// A key whose only event came while it was running (a verdict taken into
+// a key a stale attempt held) keeps its state from then, so its delete
+// takes its history along.
+func TestKeyHistoryGoesWithAKeyMarkedOnlyOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, sql := range []string{
+		`INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, locked_at, unknown_at)
+			VALUES ('driver_1', 'k', 'w', '\x00', 'POST', '/', '\x00', now(), now())`,
+		`UPDATE idempotency_keys SET resolved_at = now(), resolved_after = 'started', resolved_happened = true WHERE idempotency_key = 'k'`,
+		`UPDATE idempotency_keys SET locked_at = NULL, unknown_at = NULL, recovery_point = 'finished', response_status = 201 WHERE idempotency_key = 'k'`,
+	} {
+		_, err := b.db.Pool.Exec(b.ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	require.Equal(t, [][3]string{{"resolved", "running", "running"}, {"finished", "running", "finished"}}, events(t, b, "k"))
+	_, err := b.db.Pool.Exec(b.ctx, `DELETE FROM idempotency_keys WHERE idempotency_key = 'k'`)
+	require.NoError(t, err)
+	require.Zero(t, historyRows(t, b), "no history outlives its key")
+}

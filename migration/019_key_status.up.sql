@@ -123,9 +123,11 @@ $$;
 -- makes PostgreSQL lock the row first, one more WAL record (54 bytes) for
 -- every write, and a function named in a WHEN clause is inlined, its body
 -- parsed, for every statement (docs/performance.md). The functions run
--- as their owner, with the search_path of the migration: a writer that
--- may write the key table (a previous release's role, a restore) needs no
--- grant on the history, nor the schema on its path.
+-- as their owner, on a search_path of the key table's schema alone (set
+-- below, pg_temp last, so that no session's temporary table stands in
+-- for one of theirs): a writer that may write the key table (a previous
+-- release's role, a restore) needs no grant on the history, nor the
+-- schema on its path.
 
 -- atomicphase_key_status: after a write that moves a key off the happy
 -- path or along it after (the WHEN clause: everything but a write of a
@@ -133,10 +135,10 @@ $$;
 -- running or finished, no verdict, and its status untouched), it refuses
 -- a change no operation may make (AP010; the statement is undone), writes
 -- the key's history, and stores its state. The store is a second update
--- of the row, made from the trigger, which fires nothing
--- (pg_trigger_depth).
+-- of the row, made from the trigger, which changes the status only, and
+-- fires nothing (a write from inside a trigger that changes the status).
 CREATE FUNCTION /* TEMPLATE: schema */atomicphase_key_status() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_from   text := /* TEMPLATE: schema */atomicphase_status_of(OLD.response_status, OLD.parked_at, OLD.locked_at, OLD.unknown_at);
     v_to     text := /* TEMPLATE: schema */atomicphase_status_of(NEW.response_status, NEW.parked_at, NEW.locked_at, NEW.unknown_at);
@@ -147,10 +149,6 @@ BEGIN
         RAISE EXCEPTION 'idempotency key % is %: no operation makes it %', OLD.idempotency_key, v_from, v_to
             USING ERRCODE = 'AP010';
     END IF;
-    -- A key on the happy path keeps none (see the column).
-    v_status := CASE WHEN OLD.status IS NULL AND v_from IN ('running', 'finished') AND v_to IN ('running', 'finished')
-                          AND NEW.lock_token = OLD.lock_token THEN NULL
-                     ELSE v_to END;
     IF v_from = v_to THEN
         v_event := CASE
             WHEN v_to = 'running' AND NEW.lock_token <> OLD.lock_token THEN 'taken_over'
@@ -170,6 +168,12 @@ BEGIN
     ELSE
         v_event := 'settled'; -- an unknown outcome settled, no attempt holding the key
     END IF;
+    -- A key on the happy path, which no event marks, keeps no status
+    -- (see the column); once one does, the key keeps its state, to the
+    -- end, and its delete finds its history.
+    v_status := CASE WHEN v_event IS NULL AND OLD.status IS NULL AND v_from IN ('running', 'finished')
+                          AND v_to IN ('running', 'finished') THEN NULL
+                     ELSE v_to END;
     IF v_event IS NOT NULL THEN
         INSERT INTO /* TEMPLATE: schema */atomicphase_key_history
             (scope, idempotency_key, event, status_before, status, recovery_point, attempt, lock_token, error)
@@ -181,13 +185,14 @@ BEGIN
             -- client sent), as its last_error goes.
             UPDATE /* TEMPLATE: schema */atomicphase_key_history h SET error = NULL
             WHERE h.scope = NEW.scope AND h.idempotency_key = NEW.idempotency_key AND h.error IS NOT NULL;
-        ELSIF NEW.attempts % 100 = 0 AND v_event IN ('failed', 'unknown', 'parked') THEN
-            -- A key retried without end keeps its newest 1000 events.
+        ELSE
+            -- A key keeps its newest 1000 events. (In time order: on
+            -- Citus an event's id depends on the node its shard is on.)
             DELETE FROM /* TEMPLATE: schema */atomicphase_key_history h
             WHERE h.scope = NEW.scope AND h.idempotency_key = NEW.idempotency_key
-              AND h.id <= (SELECT o.id FROM /* TEMPLATE: schema */atomicphase_key_history o
-                           WHERE o.scope = NEW.scope AND o.idempotency_key = NEW.idempotency_key
-                           ORDER BY o.id DESC OFFSET 1000 LIMIT 1);
+              AND (h.at, h.id) <= (SELECT o.at, o.id FROM /* TEMPLATE: schema */atomicphase_key_history o
+                                   WHERE o.scope = NEW.scope AND o.idempotency_key = NEW.idempotency_key
+                                   ORDER BY o.at DESC, o.id DESC OFFSET 1000 LIMIT 1);
         END IF;
     END IF;
     IF v_status IS DISTINCT FROM NEW.status THEN
@@ -197,17 +202,6 @@ BEGIN
     RETURN NULL;
 END
 $$;
-
-CREATE TRIGGER atomicphase_key_status
-    AFTER UPDATE ON /* TEMPLATE: schema */idempotency_keys FOR EACH ROW
-    WHEN (pg_trigger_depth() = 0
-          AND NOT (NEW.status IS NOT DISTINCT FROM OLD.status
-                   AND OLD.status IS NULL AND OLD.response_status IS NULL AND OLD.parked_at IS NULL
-                   AND OLD.locked_at IS NOT NULL AND NEW.parked_at IS NULL
-                   AND (NEW.locked_at IS NOT NULL OR NEW.response_status IS NOT NULL)
-                   AND NEW.lock_token = OLD.lock_token
-                   AND NEW.resolved_at IS NOT DISTINCT FROM OLD.resolved_at))
-    EXECUTE FUNCTION /* TEMPLATE: schema */atomicphase_key_status();
 
 -- atomicphase_key_delete: a key that is not deletable
 -- (atomicphase_deletable) is deleted only by a forced forget, and any
@@ -221,7 +215,7 @@ CREATE TRIGGER atomicphase_key_status
 -- clause leaves out a key that never went wrong and may be deleted (what
 -- the reaper deletes).
 CREATE FUNCTION /* TEMPLATE: schema */atomicphase_key_delete() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_allowed boolean := false;
 BEGIN
@@ -251,6 +245,33 @@ BEGIN
     RETURN NULL;
 END
 $$;
+
+-- The functions' search_path: the key table's schema, pg_temp last. (Its
+-- name found from the table's row type: a schema's name may be any
+-- identifier, which a string literal would have to quote.)
+DO $$
+DECLARE
+    v_schema text := (SELECT n.nspname FROM pg_catalog.pg_type t
+                      JOIN pg_catalog.pg_class c ON c.oid = t.typrelid
+                      JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                      WHERE t.oid = pg_typeof(NULL::/* TEMPLATE: schema */idempotency_keys));
+BEGIN
+    EXECUTE format('ALTER FUNCTION %I.atomicphase_key_status() SET search_path = %I, pg_temp', v_schema, v_schema);
+    EXECUTE format('ALTER FUNCTION %I.atomicphase_key_delete() SET search_path = %I, pg_temp', v_schema, v_schema);
+END
+$$;
+
+-- The triggers, their functions ready.
+CREATE TRIGGER atomicphase_key_status
+    AFTER UPDATE ON /* TEMPLATE: schema */idempotency_keys FOR EACH ROW
+    WHEN (NOT (pg_trigger_depth() > 0 AND NEW.status IS DISTINCT FROM OLD.status)
+          AND NOT (NEW.status IS NOT DISTINCT FROM OLD.status
+                   AND OLD.status IS NULL AND OLD.response_status IS NULL AND OLD.parked_at IS NULL
+                   AND OLD.locked_at IS NOT NULL AND NEW.parked_at IS NULL
+                   AND (NEW.locked_at IS NOT NULL OR NEW.response_status IS NOT NULL)
+                   AND NEW.lock_token = OLD.lock_token
+                   AND NEW.resolved_at IS NOT DISTINCT FROM OLD.resolved_at))
+    EXECUTE FUNCTION /* TEMPLATE: schema */atomicphase_key_status();
 
 CREATE TRIGGER atomicphase_key_delete
     AFTER DELETE ON /* TEMPLATE: schema */idempotency_keys FOR EACH ROW

@@ -28,11 +28,12 @@ const historySQL = `SELECT * FROM (
     SELECT id, at, event, status_before, status, recovery_point, attempt, lock_token, error
     FROM /* TEMPLATE: schema */atomicphase_key_history
     WHERE scope = $1::text AND idempotency_key = $2::text
-    ORDER BY id DESC
+    ORDER BY at DESC, id DESC
     LIMIT $3::integer) AS newest
-ORDER BY id`
+ORDER BY at, id`
 
-// History reads a key's newest limit events, oldest first.
+// History reads a key's newest limit events, oldest first. In time order:
+// on Citus an event's id depends on the node its key's shard is on.
 func (s *Store) History(ctx context.Context, db DB, scope, key string, limit int) ([]*HistoryEntry, error) {
 	var rows []*HistoryEntry
 	err := pgxscan.Select(ctx, db, &rows, s.sql.history, scope, key, limit)
