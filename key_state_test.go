@@ -29,6 +29,7 @@ import (
 // (key_state.go) allows; a delete must only ever remove a key that was
 // finished or parked and settled; and at the end the bank must hold at
 // most one payout reference, paid at most once, for the one client key.
+// The key's history must tell the same story, step by step.
 
 // modelFaults are a step's faults, drawn per step.
 type modelFaults struct {
@@ -124,6 +125,7 @@ func runKeyModel(t *testing.T, seed uint64, steps int) {
 	var trace []string
 	lives := 1 // a finished key deleted (forgotten, reaped) lets the next request pay anew
 	from, info := status()
+	historySeen := 0 // events of the key's history already read
 	for i := 0; i < steps; i++ {
 		op := ops[rng.IntN(len(ops))]
 		faults.set(crashes[rng.IntN(len(crashes))], rng.IntN(6) == 0)
@@ -195,6 +197,30 @@ func runKeyModel(t *testing.T, seed uint64, steps int) {
 			}
 			lives++
 		}
+		// The history tells the same story: the events this step added
+		// lead, state by state, from where the key was to where it is
+		// (a new key's begins running; a deleted key's is gone with it).
+		hist := events(t, b, "k")
+		if to == atomicphase.KeyAbsent {
+			require.Empty(t, hist, "step %d (%s): a deleted key's history goes with it", i, op)
+		} else if added := hist[min(historySeen, len(hist)):]; len(added) > 0 {
+			at := string(from)
+			if from == atomicphase.KeyAbsent || len(hist) < historySeen {
+				at = "running"
+			}
+			for _, e := range added {
+				require.Equal(t, at, e[1], "step %d (%s): %v follows %s; trace:\n%v", i, op, e, at, trace)
+				at = e[2]
+			}
+			require.Equal(t, string(to), at, "step %d (%s): the history ends where the key is: %v; trace:\n%v", i, op, added, trace)
+		} else if from != to {
+			// Only the happy path is silent: recorded, running, finished.
+			require.Contains(t, []atomicphase.KeyState{atomicphase.KeyAbsent, "running"}, from,
+				"step %d (%s): a key that left %s has an event for it; trace:\n%v", i, op, from, trace)
+			require.Contains(t, []atomicphase.KeyState{"running", "finished"}, to,
+				"step %d (%s): a key that became %s has an event for it; trace:\n%v", i, op, to, trace)
+		}
+		historySeen = len(hist)
 		from, info = to, next
 	}
 	bk.mu.Lock()
