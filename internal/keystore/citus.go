@@ -54,8 +54,9 @@ const unsafeTriggers = "SET citus.enable_unsafe_triggers = on"
 // its history beside it, and its functions on a Citus coordinator, for
 // schema ("" for the search_path), in order, to run in one session: what
 // MigrateOpts.Citus runs after the migrations (skipping a table that is
-// distributed already). Run them yourself after your own migration tool applied the
-// migrations (and again after any migration that recreates a function).
+// distributed already). Run them yourself after your own migration tool
+// applied the migrations (and again after any migration that recreates a
+// function).
 func CitusDistribution(schema string) []string {
 	table := quoteLiteral(qualifiedName(schema, "idempotency_keys"))
 	stmts := []string{unsafeTriggers, fmt.Sprintf("SELECT create_distributed_table(%s, 'scope')", table),
@@ -94,10 +95,9 @@ func DistributeOnCitus(ctx context.Context, db Beginner, schema string) error {
 		return err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	// The tables first (migration 019 distributes the history of a key
-	// table distributed before it).
-	// (A schema migrated to a version before 019 has no history: it is
-	// left out.)
+	// The tables first: each distributed already (migration 019
+	// distributes the history of a key table distributed before it), or
+	// not there (a schema before 019 has no history), is left out.
 	var distributed [2]bool
 	for i, name := range []string{"idempotency_keys", "atomicphase_key_history"} {
 		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NULL
@@ -128,8 +128,8 @@ func DistributeOnCitus(ctx context.Context, db Beginner, schema string) error {
 	for i, sql := range CitusDistribution(schema) {
 		switch {
 		case i == 0: // the session's setting, below
-		case i == 1 && distributed[0], i == 2 && distributed[1]:
-		case i > 2 && done[citusFunctions[i-3].signature]:
+		case i <= len(distributed) && distributed[i-1]:
+		case i > len(distributed) && done[citusFunctions[i-1-len(distributed)].signature]:
 		default:
 			stmts = append(stmts, sql)
 		}
