@@ -364,6 +364,10 @@ func measure(ctx context.Context, o *options, c *cluster, e *entry, design strin
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	if err := ctx.Err(); err != nil {
+		// Interrupted: the clients stopped, perhaps before any answer.
+		return result{}, err
+	}
 	if err := errors.Join(errs...); err != nil {
 		return result{}, err
 	}
