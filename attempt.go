@@ -2,15 +2,12 @@ package atomicphase
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"runtime/debug"
 	"time"
 
 	"github.com/atomicphase/atomicphase/internal/keystore"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -150,91 +147,4 @@ func (a *attempt) parkOnPanic(ctx context.Context) {
 		a.r.observe(ctx, Event{Kind: EventParked, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Err: why})
 	}
 	panic(p)
-}
-
-// fail turns a phase failure into Run's error and releases the key, except
-// when the attempt crashed (a dead process releases nothing) or lost the
-// lock (it is no longer ours). A permanent failure, or a failure of the
-// key's last allowed attempt (Config.MaxAttempts), parks the key; any other
-// failure records the error and when the sweep may try the key again.
-func (a *attempt) fail(ctx context.Context, phase string, err error) error {
-	parked := false
-	switch {
-	case errors.Is(err, ErrCrashed):
-		return err
-	case errors.Is(err, ErrLockLost):
-		a.log(ctx, slog.LevelWarn, "atomicphase: lock lost to a newer attempt", "phase", phase)
-		a.r.observe(ctx, Event{Kind: EventLockLost, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: phase})
-	default:
-		why := fmt.Errorf("phase %q: %w", phase, err)
-		if phase == "" {
-			why = err
-		}
-		how := parkNot
-		switch {
-		case errors.Is(err, ErrPermanent):
-			how = parkFinal
-		case a.attempts >= a.r.cfg.MaxAttempts:
-			how = parkExhausted
-			why = fmt.Errorf("attempt %d of %d failed: %w", a.attempts, a.r.cfg.MaxAttempts, why)
-		}
-		park := how != parkNot
-		unknown := errors.Is(err, ErrOutcomeUnknown)
-		released, rerr := a.r.release(ctx, a.scope, a.key, a.token, why, a.r.cfg.attemptBackoff(a.attempts), how, unknown, a.paid)
-		switch {
-		case rerr != nil:
-			err = errors.Join(err, fmt.Errorf("unlock: %w", rerr))
-		case !released:
-			// Another attempt took the key (it is its to answer for now),
-			// or finished it: nothing was parked or marked.
-			a.log(ctx, slog.LevelWarn, "atomicphase: lock lost to a newer attempt", "phase", phase, "error", err)
-			a.r.observe(ctx, Event{Kind: EventLockLost, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: phase})
-			if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
-				// The caller's own cancellation stays visible to it. Only
-				// that is wrapped: another failure (a permanent one, say)
-				// must not make Run's error final, since the key is now
-				// another attempt's to answer for.
-				err = fmt.Errorf("%w (the attempt had failed: %w)", ErrLockLost, err)
-			} else {
-				err = fmt.Errorf("%w (the attempt had failed: %v)", ErrLockLost, err)
-			}
-		case park:
-			parked = true
-			a.log(ctx, slog.LevelError, "atomicphase: key parked", "phase", phase, "error", why)
-			a.r.observe(ctx, Event{Kind: EventParked, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: phase, Err: why})
-		case unknown:
-			a.r.observe(ctx, Event{Kind: EventReconcileScheduled, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: phase, Err: err})
-		}
-	}
-	return &PhaseError{Workflow: a.wf.Name(), Phase: phase, Err: err, Parked: parked}
-}
-
-// log logs msg about this attempt's key.
-func (a *attempt) log(ctx context.Context, level slog.Level, msg string, args ...any) {
-	a.r.logKey(ctx, level, msg, a.wf.Name(), a.scope, a.key, args...)
-}
-
-// fault passes the fault point place of phase (see Config.FaultInjector).
-func (a *attempt) fault(ctx context.Context, phase string, place FaultPlace, conn *pgx.Conn) error {
-	return a.r.fault(ctx, a.wf.Name(), phase, place, conn)
-}
-
-// crash leaves the connection as a killed process would: the socket is
-// closed under the open transaction, with no COMMIT, ROLLBACK or unlock.
-func crash(ctx context.Context, pc *pgxpool.Conn) {
-	conn := pc.Hijack()
-	_ = conn.PgConn().Conn().Close()
-	_ = conn.Close(ctx)
-}
-
-// sleepJitter sleeps a random duration in [0, ceiling), or until ctx ends.
-func sleepJitter(ctx context.Context, ceiling time.Duration) error {
-	t := time.NewTimer(rand.N(max(ceiling, 1)))
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

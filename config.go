@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Defaults of Config.
@@ -289,4 +291,25 @@ func checkSchemaName(field, schema string) error {
 		return fmt.Errorf("%s %q may not contain $", field, schema)
 	}
 	return nil
+}
+
+// A Router chooses the pool that serves a scope's keys (Config.Router).
+// Any pool it returns must reach the same key table, migrated: on Citus,
+// a worker with the cluster's metadata (every worker has it by default),
+// where a statement about a shard that moved still reaches it, only later.
+// Pool is called on every request; it must be fast and safe for
+// concurrent use.
+type Router interface {
+	Pool(scope string) *pgxpool.Pool
+}
+
+// poolFor returns the pool for scope's keys: Config.Router's choice, else
+// the Runner's pool.
+func (r *Runner) poolFor(scope string) *pgxpool.Pool {
+	if r.cfg.Router != nil {
+		if p := r.cfg.Router.Pool(scope); p != nil {
+			return p
+		}
+	}
+	return r.pool
 }

@@ -63,36 +63,41 @@
 //
 // The root package is the API and the engine, one concept per file; the
 // key table's SQL lives in internal/keystore and canonical JSON in
-// internal/fingerprint. A request goes down the files in this order:
+// internal/fingerprint. A request goes down the files in this order, each
+// calling only the files after it and the utilities beside them:
 //
-//   - runner.go: the Runner and its registry of workflows;
-//   - run.go: Run checks the request (request.go), fingerprints it
-//     (fingerprint.go), and chooses its way in once: runNew records a new
-//     key with its first unit, runExisting acquires any other key in one
-//     statement (lock.go); refusal.go explains a key not taken (a replay, a
-//     mismatch, a parked key, a key in progress);
-//   - attempt.go: an attempt holds the key and runs from its recovery point
-//     (recovery_point.go), and fails a run, releasing the key (lock.go);
-//   - fusion.go: the attempt's loop, unit by unit: a foreign phase's call
-//     (foreign_call.go, or reconcile.go when an earlier call may have gone
-//     out), the local phases on one transaction (phase_tx.go, with its
-//     savepoints in savepoint.go), routed by
-//     their outcome (outcome.go), committed with the recovery point
-//     (recovery_point.go); a failed unit is classified (classify.go), and a
-//     refusal of the request's data ends it with a stored 422
-//     (data_refusal.go); a call and a unit hold the key's lease, renewed
-//     while they run (lease.go).
+//   - run.go: Run, and the way in, chosen once: runNew records a new key
+//     with its first unit, runExisting acquires any other key in one
+//     statement;
+//   - request.go and fingerprint.go: the request checked and fingerprinted;
+//   - versions.go: which registered definition runs the request, and the
+//     key;
+//   - start_errors.go: the initial state, from the workflow's start function;
+//   - lock.go: the key taken, under a lock token;
+//   - refusal.go: a key not taken, explained (a replay, a mismatch, a parked
+//     key, a key in progress);
+//   - attempt.go: an attempt holds the key and resumes at its recovery point;
+//   - fusion.go: the attempt's loop, unit by unit; then foreign_call.go (a
+//     foreign phase's call), reconcile.go (when an earlier call may have
+//     gone out), lease.go (the lease a call and a unit hold), outcome.go (a
+//     phase's outcome routed), data_refusal.go (the stored 422);
+//   - recovery_point.go: the unit's writes committed with the recovery
+//     point, over savepoint.go, phase_tx.go, phase_tx_control.go and
+//     assume_prepare.go;
+//   - release.go: the key let go when the attempt did not finish it.
 //
-// Beside the path: resume.go (Resume), inspect.go (Inspect), operator.go
-// (ListKeys, Unpark, Forget, RecordResolution), parked.go (ForgetKeys,
-// UnparkKeys, ReapParked), console.go (KeyLevels, ListKeyPage and the rest
-// an operator's console reads; the apui package serves one), audit.go (the
+// Beside the path: runner.go (the Runner and its registry), config.go,
+// workflow.go, observer.go, fault.go, classify.go (what a store or phase
+// error means), errors.go and header.go, which any step may call; resume.go
+// (Resume), inspect.go (Inspect), history.go (KeyHistory), key_state.go (a
+// key's states and their transitions), operator.go (ListKeys, Unpark,
+// Forget, RecordResolution), parked.go (ForgetKeys, UnparkKeys,
+// ReapParked), console.go (KeyLevels, ListKeyPage and the rest an
+// operator's console reads; the apui package serves one), audit.go (the
 // operators' audit trail), downstream_lookup.go (FindDownstreamKey),
-// versions.go (which definition runs a key: its version's), sweep.go
-// (the Sweeper and Reap), classify.go (what a store or phase error
-// means), errors.go, config.go, observer.go, fault.go, migrate.go,
-// exec_mode_check.go and citus.go. The "code,
-// file by file" section of docs/concepts.md walks it in more detail.
+// sweep.go (the Sweeper and Reap), migrate.go, exec_mode_check.go and
+// citus.go. The "code, file by file" section of docs/concepts.md walks it
+// in more detail, and a test holds the code to its order.
 //
 // # Testing
 //

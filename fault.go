@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // FaultPlace names a place in a run where a fault can be injected. The
@@ -84,4 +85,17 @@ func (r *Runner) fault(ctx context.Context, workflow, phase string, place FaultP
 		return nil
 	}
 	return r.cfg.FaultInjector.InjectFault(ctx, FaultPoint{Workflow: workflow, Phase: phase, Place: place}, conn)
+}
+
+// fault passes the fault point place of phase (see Config.FaultInjector).
+func (a *attempt) fault(ctx context.Context, phase string, place FaultPlace, conn *pgx.Conn) error {
+	return a.r.fault(ctx, a.wf.Name(), phase, place, conn)
+}
+
+// crash leaves the connection as a killed process would: the socket is
+// closed under the open transaction, with no COMMIT, ROLLBACK or unlock.
+func crash(ctx context.Context, pc *pgxpool.Conn) {
+	conn := pc.Hijack()
+	_ = conn.PgConn().Conn().Close()
+	_ = conn.Close(ctx)
 }

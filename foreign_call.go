@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"sync"
-	"time"
 
 	"github.com/atomicphase/atomicphase/internal/fingerprint"
 )
@@ -292,24 +291,6 @@ func (a *attempt) callPhase(ctx context.Context, st *step, state []byte) ([]byte
 // dropped for a lease problem on this side.
 func ownLateLease(lerr, err error) bool {
 	return err == nil && errors.Is(lerr, errLeaseExpired)
-}
-
-// callEnded marks the key's foreign call as over, best effort: when it was
-// sent, no other attempt may take the key for Config.CallGrace from now,
-// the time the downstream may still act on what it received; when nothing
-// was sent, the mark ends now. When this fails the mark set before the call
-// stands, which only waits longer.
-func (a *attempt) callEnded(ctx context.Context, sentCall bool) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	var grace time.Duration
-	if sentCall {
-		grace = a.r.cfg.CallGrace
-	}
-	sent := time.Now()
-	if ok, err := a.r.store.Renew(ctx, a.r.poolFor(a.scope), a.scope, a.key, a.token, &grace); err == nil && ok {
-		a.leaseFrom = sent
-	}
 }
 
 // bound bounds ctx by the attempt's per-phase budget, when it has one.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"time"
 
 	"github.com/atomicphase/atomicphase/internal/keystore"
@@ -399,19 +400,20 @@ func underLease(phaseCtx, unitCtx, lctx context.Context) context.Context {
 	return c
 }
 
-// leaseCause is err, or the lease's loss when that is what ended it.
-func leaseCause(l *lease, err error) error {
-	l.mu.Lock()
-	lost := l.err
-	l.mu.Unlock()
-	if lost != nil && !errors.Is(err, ErrLockLost) {
-		return fmt.Errorf("%w (%v)", lost, err)
-	}
-	return err
-}
-
 // joins reports whether phase next joins the unit whose transaction is tx:
 // a local phase at the unit's isolation level does.
 func joins(next *step, tx *phaseTx) bool {
 	return next.call == nil && !next.alone && next.isolation == tx.opts.IsoLevel
+}
+
+// sleepJitter sleeps a random duration in [0, ceiling), or until ctx ends.
+func sleepJitter(ctx context.Context, ceiling time.Duration) error {
+	t := time.NewTimer(rand.N(max(ceiling, 1)))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

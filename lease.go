@@ -2,6 +2,7 @@ package atomicphase
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -216,4 +217,33 @@ func (l *lease) end() error {
 func (l *lease) release() {
 	_ = l.end()
 	l.cancel(nil)
+}
+
+// callEnded marks the key's foreign call as over, best effort: when it was
+// sent, no other attempt may take the key for Config.CallGrace from now,
+// the time the downstream may still act on what it received; when nothing
+// was sent, the mark ends now. When this fails the mark set before the call
+// stands, which only waits longer.
+func (a *attempt) callEnded(ctx context.Context, sentCall bool) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	var grace time.Duration
+	if sentCall {
+		grace = a.r.cfg.CallGrace
+	}
+	sent := time.Now()
+	if ok, err := a.r.store.Renew(ctx, a.r.poolFor(a.scope), a.scope, a.key, a.token, &grace); err == nil && ok {
+		a.leaseFrom = sent
+	}
+}
+
+// leaseCause is err, or the lease's loss when that is what ended it.
+func leaseCause(l *lease, err error) error {
+	l.mu.Lock()
+	lost := l.err
+	l.mu.Unlock()
+	if lost != nil && !errors.Is(err, ErrLockLost) {
+		return fmt.Errorf("%w (%v)", lost, err)
+	}
+	return err
 }

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,7 +23,8 @@ import (
 // took the key. Knowing the token before the answer also lets an attempt
 // whose acquisition answer was lost unlock the key by it. The statements
 // are the key store's (internal/keystore); the stale-lock rule is written
-// once, in SQL (migration 002).
+// once, in SQL (migration 002). This file takes the key; release.go lets it
+// go.
 
 // cleanupTimeout bounds the unlock and rollback that follow a failed phase,
 // which run even when the caller's context has ended.
@@ -137,77 +137,4 @@ func injected(err error) error {
 		return ie.err
 	}
 	return nil
-}
-
-// unlock releases the lock an attempt holds with token, so the next attempt
-// can resume at once. It runs even when ctx has ended (a cancelled request
-// must not leave its key locked for the lock timeout), bounded by
-// cleanupTimeout. An unlock with a token that moved on changes nothing.
-func (r *Runner) unlock(ctx context.Context, scope, key string, token int64) error {
-	_, err := r.release(ctx, scope, key, token, nil, 0, parkNot, false, false)
-	return err
-}
-
-// parkHow says whether, and how, a release parks its key.
-type parkHow int
-
-const (
-	parkNot parkHow = iota
-	// parkExhausted: its attempts ran out; the sweep stops, a client's
-	// retry still resumes it.
-	parkExhausted
-	// parkFinal: a permanent failure; a client's retry is answered with
-	// ErrParked until an operator acts.
-	parkFinal
-)
-
-// release unlocks the key an attempt holds with token. When why is set it
-// records the error and, unless it parks, when the sweep may try the key
-// again (retryIn from now); park says whether it parks the key for an
-// operator, and how; unknown marks the outcome of its foreign call
-// unknown; called records that a foreign call of the key may have gone
-// out (Runner.Forget then refuses the key while it is unfinished). Like unlock it runs even when ctx has ended.
-//
-// It reports whether it released anything: false when the token had moved
-// on (another attempt took the key) or the key finished meanwhile.
-func (r *Runner) release(ctx context.Context, scope, key string, token int64, why error, retryIn time.Duration, park parkHow, unknown, called bool) (bool, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	rel := keystore.Release{Scope: scope, Key: key, Token: token, Park: park != parkNot, Final: park == parkFinal, Unknown: unknown, Called: called}
-	if why != nil {
-		m := boundedError(r.redactError(why))
-		rel.Error = &m
-		if park == parkNot {
-			us := retryIn.Microseconds()
-			rel.RetryInUS = &us
-		}
-	}
-	return r.store.Release(ctx, r.poolFor(scope), &rel)
-}
-
-// boundedError is err's text as a key row keeps it: valid UTF-8 without NUL,
-// at most keystore.MaxLastError bytes.
-func boundedError(err error) string {
-	msg := strings.ToValidUTF8(strings.ReplaceAll(err.Error(), "\x00", ""), "?")
-	if len(msg) > keystore.MaxLastError {
-		msg = strings.ToValidUTF8(msg[:keystore.MaxLastError], "") + "…"
-	}
-	return msg
-}
-
-// inProgress is the error for a key held by another attempt whose lock goes
-// stale in expiresInSeconds (nil when unknown). A live holder may finish
-// any moment, so a retry is worth making within a second; a key held by
-// no live lease, only by a foreign call's quiet period (unheld), changes
-// nothing before that ends, which is when the retry should come.
-func inProgress(expiresInSeconds *float64, unheld bool) error {
-	e := &InProgressError{RetryAfter: time.Second}
-	if expiresInSeconds != nil {
-		e.LockExpiresIn = max(0, time.Duration(*expiresInSeconds*float64(time.Second)))
-		e.RetryAfter = min(e.RetryAfter, e.LockExpiresIn)
-		if unheld {
-			e.RetryAfter = e.LockExpiresIn
-		}
-	}
-	return e
 }

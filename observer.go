@@ -226,3 +226,8 @@ type redactedError struct {
 
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
+
+// log logs msg about this attempt's key.
+func (a *attempt) log(ctx context.Context, level slog.Level, msg string, args ...any) {
+	a.r.logKey(ctx, level, msg, a.wf.Name(), a.scope, a.key, args...)
+}

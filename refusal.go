@@ -45,3 +45,20 @@ func (r *Runner) refused(ctx context.Context, row *keystore.Row, mismatch bool, 
 	r.observe(ctx, e)
 	return resp, err
 }
+
+// inProgress is the error for a key held by another attempt whose lock goes
+// stale in expiresInSeconds (nil when unknown). A live holder may finish
+// any moment, so a retry is worth making within a second; a key held by
+// no live lease, only by a foreign call's quiet period (unheld), changes
+// nothing before that ends, which is when the retry should come.
+func inProgress(expiresInSeconds *float64, unheld bool) error {
+	e := &InProgressError{RetryAfter: time.Second}
+	if expiresInSeconds != nil {
+		e.LockExpiresIn = max(0, time.Duration(*expiresInSeconds*float64(time.Second)))
+		e.RetryAfter = min(e.RetryAfter, e.LockExpiresIn)
+		if unheld {
+			e.RetryAfter = e.LockExpiresIn
+		}
+	}
+	return e
+}

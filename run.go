@@ -29,7 +29,8 @@ import (
 // recording in the first unit's batch instead, and a key it finds is
 // answered from there (runFound). Either way an attempt that holds the key then runs the workflow
 // from its recovery point (attempt.go, fusion.go); a key that is not taken
-// is explained (refusal.go).
+// is explained (refusal.go). The files follow the request downward: see
+// docs/concepts.md, "The code, file by file".
 
 // Run runs req through wf, once per idempotency key: the first attempt
 // records the key and runs the phases; an attempt finding the key finished

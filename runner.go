@@ -3,7 +3,6 @@ package atomicphase
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -99,23 +98,6 @@ func (r *Runner) Register(workflows ...AnyWorkflow) error {
 	return nil
 }
 
-// register registers wf unless it already is: one read lock on the hot path.
-func (r *Runner) register(wf AnyWorkflow) error {
-	if have, ok := r.workflowVersion(wf.Name(), wf.Version()); ok && (have == wf || slices.Equal(have.definition(), wf.definition())) {
-		return nil
-	}
-	return r.Register(wf)
-}
-
-// workflowVersion returns the registered definition of version of the
-// workflow name.
-func (r *Runner) workflowVersion(name, version string) (AnyWorkflow, bool) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	wf, ok := r.versions[name][version]
-	return wf, ok
-}
-
 // versionRefs lists every registered (workflow, version) pair as the key
 // store writes them.
 func (r *Runner) versionRefs() []string {
@@ -142,19 +124,6 @@ func (r *Runner) phaseRefs() []string {
 	return out
 }
 
-// registeredVersions lists every registered definition, in no order.
-func (r *Runner) registeredVersions() []AnyWorkflow {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	var out []AnyWorkflow
-	for _, byVersion := range r.versions {
-		for _, wf := range byVersion {
-			out = append(out, wf)
-		}
-	}
-	return out
-}
-
 // workflow returns the workflow registered under name.
 func (r *Runner) workflow(name string) (AnyWorkflow, bool) {
 	r.mu.RLock()
@@ -172,25 +141,4 @@ func (r *Runner) workflowNames() []string {
 		names = append(names, name)
 	}
 	return names
-}
-
-// A Router chooses the pool that serves a scope's keys (Config.Router).
-// Any pool it returns must reach the same key table, migrated: on Citus,
-// a worker with the cluster's metadata (every worker has it by default),
-// where a statement about a shard that moved still reaches it, only later.
-// Pool is called on every request; it must be fast and safe for
-// concurrent use.
-type Router interface {
-	Pool(scope string) *pgxpool.Pool
-}
-
-// poolFor returns the pool for scope's keys: Config.Router's choice, else
-// the Runner's pool.
-func (r *Runner) poolFor(scope string) *pgxpool.Pool {
-	if r.cfg.Router != nil {
-		if p := r.cfg.Router.Pool(scope); p != nil {
-			return p
-		}
-	}
-	return r.pool
 }

@@ -271,3 +271,33 @@ func (r *Runner) Versions(ctx context.Context) ([]VersionStatus, error) {
 	}
 	return out, nil
 }
+
+// register registers wf unless it already is: one read lock on the hot path.
+func (r *Runner) register(wf AnyWorkflow) error {
+	if have, ok := r.workflowVersion(wf.Name(), wf.Version()); ok && (have == wf || slices.Equal(have.definition(), wf.definition())) {
+		return nil
+	}
+	return r.Register(wf)
+}
+
+// workflowVersion returns the registered definition of version of the
+// workflow name.
+func (r *Runner) workflowVersion(name, version string) (AnyWorkflow, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	wf, ok := r.versions[name][version]
+	return wf, ok
+}
+
+// registeredVersions lists every registered definition, in no order.
+func (r *Runner) registeredVersions() []AnyWorkflow {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var out []AnyWorkflow
+	for _, byVersion := range r.versions {
+		for _, wf := range byVersion {
+			out = append(out, wf)
+		}
+	}
+	return out
+}
