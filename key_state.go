@@ -7,8 +7,9 @@ package atomicphase
 // is a DELETE of a key that may have paid, unless a forced forget is on
 // the audit trail); each operation's SQL narrows it to its own row of the
 // table; and a model-based test (TestKeyStatesFollowTheTable) drives
-// random operations, crashes and lost answers against a real database and
-// checks every step's before and after against it.
+// random operations, crashes, broken connections, lost answers and
+// concurrent takes against a real database and checks every step's before
+// and after against it.
 
 // keyOp is an operation on a key, as the table names it.
 type keyOp string

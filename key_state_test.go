@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,15 +22,20 @@ import (
 
 // The model-based test of the key's life: random sequences of client
 // requests (each with a fault drawn for it: a crash before or after the
-// payout call or before a commit, an answer the bank loses, a bank that
-// refuses, a bug that fails the last phase for good, its lookups down),
-// resumes, sweeps, operator actions (unpark, verdict, forget, the reaps)
-// and time passing, against a real database. After every step the key's
-// status is read back, and the step must be one the transition table
-// (key_state.go) allows; a delete must only ever remove a key that was
-// finished or parked and settled; and at the end the bank must hold at
-// most one payout reference, paid at most once, for the one client key.
-// The key's history must tell the same story, step by step.
+// payout call or before a commit, a database connection that breaks
+// before a commit, an answer the bank loses, a bank that refuses, a bug
+// that fails the last phase for good, its lookups down), resumes, sweeps,
+// concurrent takes (two or three of a client's retry, a resume and a sweep
+// at once), operator actions (unpark, verdict, forget, the reaps) and time
+// passing, against a real database. After every step the key's status is
+// read back, and the step must be one the transition table (key_state.go)
+// allows (for concurrent takes, a chain of the takes' transitions); no
+// operation may meet the database's refusal of a change the table does not
+// allow; a delete must only ever remove a key that was finished or parked
+// and settled; and at the end the bank must hold at most one payout
+// reference, paid at most once, for the one client key. The key's history
+// must tell the same story, step by step, each event a change the table
+// allows.
 
 // modelFaults are a step's faults, drawn per step.
 type modelFaults struct {
@@ -91,10 +97,17 @@ func runKeyModel(t *testing.T, seed uint64, steps int) {
 	var faults modelFaults
 	faults.set("", false)
 	b := setup(t, &atomicphase.Config{CallGrace: time.Nanosecond, MaxAttempts: 3,
-		FaultInjector: atomicphase.FaultInjectorFunc(func(_ context.Context, at atomicphase.FaultPoint, _ *pgx.Conn) error {
-			if c, _ := faults.crashAt.Load().(string); c != "" && c == at.Phase+"/"+string(at.Place) {
+		FaultInjector: atomicphase.FaultInjectorFunc(func(_ context.Context, at atomicphase.FaultPoint, conn *pgx.Conn) error {
+			c, _ := faults.crashAt.Load().(string)
+			switch {
+			case c != "" && c == at.Phase+"/"+string(at.Place):
 				faults.crashAt.Store("") // one crash per step
 				return fmt.Errorf("killed: %w", atomicphase.ErrCrashed)
+			case conn != nil && c == "close:"+at.Phase+"/"+string(at.Place):
+				// The connection breaks under the attempt, which finds
+				// out when it next sends on it: its commit.
+				faults.crashAt.Store("")
+				_ = conn.PgConn().Conn().Close()
 			}
 			return nil
 		})})
@@ -119,13 +132,27 @@ func runKeyModel(t *testing.T, seed uint64, steps int) {
 		return state, info
 	}
 	crashes := []string{"", "", "", "pay/" + string(atomicphase.BeforePhase), "pay/" + string(atomicphase.AfterForeign),
-		"done/" + string(atomicphase.BeforeCommit), "prepare/" + string(atomicphase.AfterCommit)}
+		"done/" + string(atomicphase.BeforeCommit), "prepare/" + string(atomicphase.AfterCommit),
+		"close:prepare/" + string(atomicphase.BeforeCommit), "close:pay/" + string(atomicphase.BeforeCommit),
+		"close:done/" + string(atomicphase.BeforeCommit)}
 	bankFaults := []string{"", "", "act-then-lose", "refuse-5xx"}
-	ops := []atomicphase.KeyOp{"run", "run", "run", "resume", "sweep", "time", "unpark", "verdict", "forget", "reap-parked", "reap"}
+	ops := []atomicphase.KeyOp{"run", "run", "run", "resume", "sweep", "race", "time", "unpark", "verdict", "forget", "reap-parked", "reap"}
+	// A step's operations' errors: none may be the database's refusal of
+	// a change of state (AP010) or of a delete (AP011), which only a write
+	// outside the table meets.
+	var errs []error
+	noRefusal := func(i int, op atomicphase.KeyOp, trace []string) {
+		for _, err := range errs {
+			require.NotContains(t, []string{"AP010", "AP011"}, sqlState(err),
+				"step %d (%s): the database refused a change: %v; trace:\n%v", i, op, err, trace)
+		}
+		errs = errs[:0]
+	}
 	var trace []string
 	lives := 1 // a finished key deleted (forgotten, reaped) lets the next request pay anew
 	from, info := status()
 	historySeen := 0 // events of the key's history already read
+	changes := atomicphase.KeyStateChanges()
 	for i := 0; i < steps; i++ {
 		op := ops[rng.IntN(len(ops))]
 		faults.set(crashes[rng.IntN(len(crashes))], rng.IntN(6) == 0)
@@ -133,13 +160,53 @@ func runKeyModel(t *testing.T, seed uint64, steps int) {
 		bk.fail = []string{bankFaults[rng.IntN(len(bankFaults))]}
 		bk.mu.Unlock()
 		bk.lookupDown.Store(int32(rng.IntN(2)))
+		take := func(which atomicphase.KeyOp) error {
+			var err error
+			switch which {
+			case "run":
+				_, err = b.runner.Run(b.ctx, wf, payoutRequest("k"))
+			case "resume":
+				_, err = b.runner.Resume(b.ctx, "driver_1", "k")
+			case "sweep":
+				_, err = sweeper.RunOnce(b.ctx)
+			}
+			return err
+		}
 		switch op {
-		case "run":
-			_, _ = b.runner.Run(b.ctx, wf, payoutRequest("k"))
-		case "resume":
-			_, _ = b.runner.Resume(b.ctx, "driver_1", "k")
-		case "sweep":
-			_, _ = sweeper.RunOnce(b.ctx)
+		case "run", "resume", "sweep":
+			errs = append(errs, take(op))
+		case "race":
+			racers := make([]atomicphase.KeyOp, 2+rng.IntN(2))
+			for j := range racers {
+				racers[j] = []atomicphase.KeyOp{"run", "run", "resume", "sweep"}[rng.IntN(4)]
+			}
+			// A payout call waits until every other racer has returned
+			// or is paying too: a racer that takes the key while another
+			// one's call is out, and pays again, is then sure to be seen.
+			var mu sync.Mutex
+			settled, released := 0, make(chan struct{})
+			settle := func() {
+				mu.Lock()
+				if settled++; settled == len(racers) {
+					close(released)
+				}
+				mu.Unlock()
+			}
+			bk.gate = func() {
+				settle()
+				<-released
+			}
+			raced := make([]error, len(racers))
+			var wg sync.WaitGroup
+			for j, which := range racers {
+				wg.Go(func() {
+					raced[j] = take(which)
+					settle()
+				})
+			}
+			wg.Wait()
+			bk.gate = nil
+			errs = append(errs, raced...)
 		case "time":
 			if rng.IntN(2) == 0 {
 				require.NoError(t, atomicphasetest.AgeLocks(b.ctx, b.db.Pool, time.Hour))
@@ -151,17 +218,17 @@ func runKeyModel(t *testing.T, seed uint64, steps int) {
 				shiftTimes(t, b, time.Hour, true)
 			}
 		case "unpark":
-			_ = b.runner.Unpark(b.ctx, "driver_1", "k")
+			errs = append(errs, b.runner.Unpark(b.ctx, "driver_1", "k"))
 		case "verdict":
 			// The operator asks the bank, and records what it says.
 			if info != nil {
 				bk.mu.Lock()
 				happened := len(bk.payouts[info.DownstreamKeys["pay"]]) > 0
 				bk.mu.Unlock()
-				_ = b.runner.RecordResolution(b.ctx, "driver_1", "k", happened, "model")
+				errs = append(errs, b.runner.RecordResolution(b.ctx, "driver_1", "k", happened, "model"))
 			}
 		case "forget":
-			_ = b.runner.Forget(b.ctx, "driver_1", "k")
+			errs = append(errs, b.runner.Forget(b.ctx, "driver_1", "k"))
 		case "reap-parked":
 			_, err := b.runner.ReapParked(b.ctx, 0, 10)
 			require.NoError(t, err)
@@ -182,8 +249,14 @@ func runKeyModel(t *testing.T, seed uint64, steps int) {
 		}
 		require.Equal(t, unfinished, seen, "step %d (%s): the levels count every unfinished key; trace:\n%v", i, op, trace)
 		trace = append(trace, fmt.Sprintf("%s: %s -> %s", op, from, to))
-		require.True(t, atomicphase.KeyTransitionAllowed(op, from, to),
-			"step %d (%s) moved the key %s -> %s, which the table does not allow; trace:\n%v", i, op, from, to, trace)
+		noRefusal(i, op, trace)
+		if op == "race" {
+			require.True(t, reachable(from, to, "run", "resume", "sweep"),
+				"step %d (%s) moved the key %s -> %s, which no chain of takes the table allows makes; trace:\n%v", i, op, from, to, trace)
+		} else {
+			require.True(t, atomicphase.KeyTransitionAllowed(op, from, to),
+				"step %d (%s) moved the key %s -> %s, which the table does not allow; trace:\n%v", i, op, from, to, trace)
+		}
 		if to == atomicphase.KeyAbsent && from != atomicphase.KeyAbsent {
 			require.True(t, atomicphase.KeyDeletable(from, info.Unsettled),
 				"step %d (%s) deleted a key that was %s, unsettled=%v; trace:\n%v", i, op, from, info.Unsettled, trace)
@@ -210,6 +283,8 @@ func runKeyModel(t *testing.T, seed uint64, steps int) {
 			}
 			for _, e := range added {
 				require.Equal(t, at, e[1], "step %d (%s): %v follows %s; trace:\n%v", i, op, e, at, trace)
+				require.True(t, e[1] == e[2] || changes[[2]atomicphase.KeyState{atomicphase.KeyState(e[1]), atomicphase.KeyState(e[2])}],
+					"step %d (%s): the history records %v, a change the table does not allow; trace:\n%v", i, op, e, trace)
 				at = e[2]
 			}
 			require.Equal(t, string(to), at, "step %d (%s): the history ends where the key is: %v; trace:\n%v", i, op, added, trace)
@@ -229,6 +304,28 @@ func runKeyModel(t *testing.T, seed uint64, steps int) {
 	for ref, ids := range bk.payouts {
 		require.Len(t, ids, 1, "paid once under %s; trace:\n%v", ref, trace)
 	}
+}
+
+// reachable reports whether a chain of transitions of ops, one after
+// another, the table allows may move a key from state from to state to:
+// what concurrent operations may make of a key between two readings.
+func reachable(from, to atomicphase.KeyState, ops ...atomicphase.KeyOp) bool {
+	seen := map[atomicphase.KeyState]bool{from: true}
+	queue := []atomicphase.KeyState{from}
+	all := append([]atomicphase.KeyState{atomicphase.KeyAbsent}, atomicphase.KeyStates...)
+	for len(queue) > 0 {
+		s := queue[0]
+		queue = queue[1:]
+		for _, op := range ops {
+			for _, next := range all {
+				if !seen[next] && atomicphase.KeyTransitionAllowed(op, s, next) {
+					seen[next] = true
+					queue = append(queue, next)
+				}
+			}
+		}
+	}
+	return seen[to]
 }
 
 // shiftTimes moves every time the key table (and, withWatermark, the

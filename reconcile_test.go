@@ -28,6 +28,8 @@ type bank struct {
 	// lookupDown makes lookups fail while positive (counted down per lookup).
 	lookupDown atomic.Int32
 	lookups    atomic.Int32
+	// gate, when set, is passed by every call before it acts.
+	gate func()
 }
 
 func newBank() *bank { return &bank{payouts: map[string][]string{}} }
@@ -36,6 +38,9 @@ var errBank = errors.New("bank: 503")
 
 func (b *bank) pay(ctx context.Context, ref string) (string, error) {
 	b.calls.Add(1)
+	if b.gate != nil {
+		b.gate()
+	}
 	b.mu.Lock()
 	mode := ""
 	if len(b.fail) > 0 {
