@@ -29,6 +29,14 @@ import (
 // file"), or in a utility that stands aside; a utility calls no file of the
 // path. The list is read from the docs, so the docs and the code cannot
 // drift apart, and every file the path reaches must be placed in it.
+//
+// Calls are followed through uses of the package's functions and methods
+// (calls, method values and expressions, in closures and goroutines too)
+// and through its own interfaces, not through function values kept in
+// variables or struct fields: the closures a workflow's definition builds
+// for the path (startStep's, makeStep's) and what a phase calls back (its
+// transaction, a savepoint, its foreign call) are followed as roots of
+// their own instead.
 func TestRequestPathReadsDownward(t *testing.T) {
 	t.Parallel()
 	path, aside := codePathOfDocs(t)
@@ -44,7 +52,7 @@ func TestRequestPathReadsDownward(t *testing.T) {
 		case "*phaseTx", "*savepoint", "*ForeignCall":
 			return token.IsExported(method)
 		}
-		return fn == "*Runner.Run"
+		return fn == "*Runner.Run" || fn == "startStep" || fn == "makeStep"
 	})
 	reached := map[string]bool{}
 	var problems []string
@@ -69,7 +77,7 @@ func TestRequestPathReadsDownward(t *testing.T) {
 	}
 	for _, f := range append(path, slices.Sorted(maps.Keys(aside))...) {
 		if !reached[f] {
-			problems = append(problems, fmt.Sprintf("docs/concepts.md places %s on the path, but Run never reaches it", f))
+			problems = append(problems, fmt.Sprintf("docs/concepts.md places %s on the request's path or beside it, but Run never reaches it", f))
 		}
 	}
 	slices.Sort(problems)
@@ -83,6 +91,7 @@ func codePathOfDocs(t *testing.T) (path []string, aside map[string]bool) {
 	t.Helper()
 	doc, err := os.ReadFile("docs/concepts.md")
 	require.NoError(t, err)
+	doc = bytes.ReplaceAll(doc, []byte("\r\n"), []byte("\n"))
 	_, section, ok := bytes.Cut(doc, []byte("\n## The code, file by file\n"))
 	require.True(t, ok, "docs/concepts.md has no section The code, file by file")
 	section, _, _ = bytes.Cut(section, []byte("\n## "))
@@ -112,6 +121,12 @@ func codePathOfDocs(t *testing.T) (path []string, aside map[string]bool) {
 	}
 	require.NotEmpty(t, path, "docs/concepts.md lists no step of the path")
 	require.NotEmpty(t, aside, "docs/concepts.md names nothing standing aside")
+	seen := map[string]bool{}
+	for _, f := range path {
+		require.False(t, seen[f], "docs/concepts.md lists %s twice on the path", f)
+		require.False(t, aside[f], "docs/concepts.md lists %s both on the path and standing aside", f)
+		seen[f] = true
+	}
 	return path, aside
 }
 
@@ -127,28 +142,31 @@ type callEdge struct{ from, to, fromFile, toFile string }
 // package that has all of the interface's methods.
 func callsFrom(t *testing.T, dir string, root func(name string) bool) []callEdge {
 	t.Helper()
-	// Dependencies come from the build's export data: go list builds it.
-	out, err := exec.Command("go", "list", "-export", "-deps", "-json=ImportPath,Export", dir).Output()
-	require.NoError(t, err, "go list -export")
+	// Dependencies come from the build's export data, which go list
+	// builds; the package's files are the ones its build takes (go list
+	// prints the package itself last).
+	cmd := exec.Command("go", "list", "-export", "-deps", "-json=ImportPath,Export,Dir,GoFiles", dir)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, "go list -export: %s", stderr.String())
 	exports := map[string]string{}
+	var self struct {
+		ImportPath, Export, Dir string
+		GoFiles                 []string
+	}
 	for dec := json.NewDecoder(bytes.NewReader(out)); ; {
-		var p struct{ ImportPath, Export string }
-		if err := dec.Decode(&p); err == io.EOF {
+		if err := dec.Decode(&self); err == io.EOF {
 			break
 		} else {
 			require.NoError(t, err)
 		}
-		exports[p.ImportPath] = p.Export
+		exports[self.ImportPath] = self.Export
 	}
 	fset := token.NewFileSet()
-	names, err := filepath.Glob(filepath.Join(dir, "*.go"))
-	require.NoError(t, err)
 	var files []*ast.File
-	for _, name := range names {
-		if strings.HasSuffix(name, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, name, nil, 0)
+	for _, name := range self.GoFiles {
+		f, err := parser.ParseFile(fset, filepath.Join(self.Dir, name), nil, 0)
 		require.NoError(t, err)
 		files = append(files, f)
 	}
@@ -156,7 +174,7 @@ func callsFrom(t *testing.T, dir string, root func(name string) bool) []callEdge
 	conf := types.Config{Importer: importer.ForCompiler(fset, "gc", func(path string) (io.ReadCloser, error) {
 		return os.Open(exports[path])
 	})}
-	_, err = conf.Check("atomicphase", fset, files, info)
+	pkg, err := conf.Check(self.ImportPath, fset, files, info)
 	require.NoError(t, err)
 
 	decls := map[types.Object]*ast.FuncDecl{}
@@ -199,7 +217,7 @@ func callsFrom(t *testing.T, dir string, root func(name string) bool) []callEdge
 			return []*ast.FuncDecl{fd}
 		}
 		sig := fn.Type().(*types.Signature)
-		if sig.Recv() == nil || fn.Pkg() == nil || fn.Pkg().Name() != "atomicphase" {
+		if sig.Recv() == nil || fn.Pkg() != pkg {
 			return nil
 		}
 		iface, ok := sig.Recv().Type().Underlying().(*types.Interface)
@@ -209,7 +227,7 @@ func callsFrom(t *testing.T, dir string, root func(name string) bool) []callEdge
 		var impls []*ast.FuncDecl
 		for _, fd := range methods[fn.Name()] {
 			set := methodSets[receiverType(fd)]
-			all := true
+			all := sameParams(info.Defs[fd.Name].Type().(*types.Signature), sig)
 			for m := range iface.Methods() {
 				all = all && set[m.Name()]
 			}
@@ -242,6 +260,9 @@ func callsFrom(t *testing.T, dir string, root func(name string) bool) []callEdge
 	for len(queue) > 0 {
 		fd := queue[0]
 		queue = queue[1:]
+		if fd.Body == nil {
+			continue
+		}
 		ast.Inspect(fd.Body, func(n ast.Node) bool {
 			id, ok := n.(*ast.Ident)
 			if !ok {
@@ -258,4 +279,13 @@ func callsFrom(t *testing.T, dir string, root func(name string) bool) []callEdge
 		})
 	}
 	return edges
+}
+
+// sameParams reports whether two methods' parameters and results are
+// identical, their receivers aside.
+func sameParams(a, b *types.Signature) bool {
+	strip := func(s *types.Signature) *types.Signature {
+		return types.NewSignatureType(nil, nil, nil, s.Params(), s.Results(), s.Variadic())
+	}
+	return types.Identical(strip(a), strip(b))
 }

@@ -87,16 +87,18 @@
 //   - release.go: the key let go when the attempt did not finish it.
 //
 // Beside the path: runner.go (the Runner and its registry), config.go,
-// workflow.go, observer.go, fault.go, classify.go (what a store or phase
-// error means), errors.go and header.go, which any step may call; resume.go
+// workflow.go, input.go (the input decoded, Invalid), observer.go,
+// fault.go, classify.go (what a store or phase error means), errors.go and
+// header.go, which any step may call; phase.go (what users declare),
+// resume.go
 // (Resume), inspect.go (Inspect), history.go (KeyHistory), key_state.go (a
 // key's states and their transitions), operator.go (ListKeys, Unpark,
 // Forget, RecordResolution), parked.go (ForgetKeys, UnparkKeys,
 // ReapParked), console.go (KeyLevels, ListKeyPage and the rest an
 // operator's console reads; the apui package serves one), audit.go (the
 // operators' audit trail), downstream_lookup.go (FindDownstreamKey),
-// sweep.go (the Sweeper and Reap), migrate.go, exec_mode_check.go and
-// citus.go. The "code, file by file" section of docs/concepts.md walks it
+// sweep.go (the Sweeper and Reap), migrate.go, migrate_online.go,
+// exec_mode_check.go and citus.go. The "code, file by file" section of docs/concepts.md walks it
 // in more detail, and a test holds the code to its order.
 //
 // # Testing

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"strings"
@@ -228,3 +229,37 @@ func spellingsOf(t reflect.Type) map[string]string {
 }
 
 var spellingCache sync.Map // reflect.Type → map[string]string
+
+// InvalidInputError is the error a start function returns to refuse a
+// request with a reason its client may read (Invalid makes one). Run
+// answers it with ErrInvalidRequest (422 over HTTP) and the reason.
+type InvalidInputError struct {
+	// Reason says what is wrong with the request, for its client.
+	Reason string
+}
+
+func (e *InvalidInputError) Error() string { return e.Reason }
+
+// Invalid returns an *InvalidInputError whose reason is the formatted
+// message: what a start function returns to tell the client why its
+// request is refused ("amount must be positive").
+func Invalid(format string, args ...any) error {
+	return &InvalidInputError{Reason: fmt.Sprintf(format, args...)}
+}
+
+// inputError rewords a failure to decode a request's body into the
+// workflow's input type in the library's words: encoding/json's name Go
+// types.
+func inputError(err error) error {
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(err, &typeErr) && typeErr.Field != "":
+		return Invalid("member %q is a JSON %s, which the request does not take there", typeErr.Field, typeErr.Value)
+	case errors.As(err, &typeErr):
+		return Invalid("the body is a JSON %s; the request takes another kind of value", typeErr.Value)
+	case errors.As(err, &syntaxErr):
+		return Invalid("the body is not valid JSON (at byte %d)", syntaxErr.Offset)
+	}
+	return Invalid("the body does not decode into the request's input")
+}

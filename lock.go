@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -25,10 +24,6 @@ import (
 // are the key store's (internal/keystore); the stale-lock rule is written
 // once, in SQL (migration 002). This file takes the key; release.go lets it
 // go.
-
-// cleanupTimeout bounds the unlock and rollback that follow a failed phase,
-// which run even when the caller's context has ended.
-const cleanupTimeout = 5 * time.Second
 
 // acquire records or takes req's key in one statement (keystore.Acquire):
 // the way in for every key that is not recorded with its first unit.

@@ -14,11 +14,17 @@ import (
 // Letting go of the key: the last step of a request that took a key and did
 // not finish it. A failed attempt (fail) records its error and when the
 // sweep may try the key again, or parks the key, or marks its call's
-// outcome unknown; one that ends otherwise (a lost acquisition answer, a
-// definition this process lacks) only unlocks it. Each is one statement,
-// fenced by the attempt's lock token (keystore.Release), made even when the
-// request's context has ended: a cancelled request must not leave its key
-// locked for the lock timeout.
+// outcome unknown; an attempt that panics parks it (parkOnPanic); a key
+// whose version no definition here runs is released with why, to rest or
+// parked (notRunnableHere); a taking or a recording whose answer was lost
+// only unlocks it, by the token it was sent with (unlock). Each is one
+// statement, fenced by the lock token (keystore.Release), made even when
+// the request's context has ended: a cancelled request must not leave its
+// key locked for the lock timeout.
+
+// cleanupTimeout bounds the unlock and rollback that follow a failed phase,
+// which run even when the caller's context has ended.
+const cleanupTimeout = 5 * time.Second
 
 // fail turns a phase failure into Run's error and releases the key, except
 // when the attempt crashed (a dead process releases nothing) or lost the

@@ -2,7 +2,6 @@ package atomicphase
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,23 +17,6 @@ import (
 // address. Anything else a start function returns is a generic refusal,
 // its cause in the log; a failure a retry may get past (a connection lost,
 // a timeout) is retryable.
-
-// InvalidInputError is the error a start function returns to refuse a
-// request with a reason its client may read (Invalid makes one). Run
-// answers it with ErrInvalidRequest (422 over HTTP) and the reason.
-type InvalidInputError struct {
-	// Reason says what is wrong with the request, for its client.
-	Reason string
-}
-
-func (e *InvalidInputError) Error() string { return e.Reason }
-
-// Invalid returns an *InvalidInputError whose reason is the formatted
-// message: what a start function returns to tell the client why its
-// request is refused ("amount must be positive").
-func Invalid(format string, args ...any) error {
-	return &InvalidInputError{Reason: fmt.Sprintf(format, args...)}
-}
 
 // refusedStart is a start function's refusal whose text is not the
 // client's to read: its Error is generic, its cause is Unwrap's.
@@ -86,21 +68,4 @@ func startTransient(err error) bool {
 	var opErr *net.OpError
 	var netErr net.Error
 	return errors.As(err, &connectErr) || errors.As(err, &opErr) || (errors.As(err, &netErr) && netErr.Timeout())
-}
-
-// inputError rewords a failure to decode a request's body into the
-// workflow's input type in the library's words: encoding/json's name Go
-// types.
-func inputError(err error) error {
-	var typeErr *json.UnmarshalTypeError
-	var syntaxErr *json.SyntaxError
-	switch {
-	case errors.As(err, &typeErr) && typeErr.Field != "":
-		return Invalid("member %q is a JSON %s, which the request does not take there", typeErr.Field, typeErr.Value)
-	case errors.As(err, &typeErr):
-		return Invalid("the body is a JSON %s; the request takes another kind of value", typeErr.Value)
-	case errors.As(err, &syntaxErr):
-		return Invalid("the body is not valid JSON (at byte %d)", syntaxErr.Offset)
-	}
-	return Invalid("the body does not decode into the request's input")
 }
