@@ -153,6 +153,19 @@ func runKeyModel(t *testing.T, seed uint64, steps int) {
 	from, info := status()
 	historySeen := 0 // events of the key's history already read
 	changes := atomicphase.KeyStateChanges()
+	// take is a client's retry, a Resume or a sweep: the takes.
+	take := func(which atomicphase.KeyOp) error {
+		var err error
+		switch which {
+		case "run":
+			_, err = b.runner.Run(b.ctx, wf, payoutRequest("k"))
+		case "resume":
+			_, err = b.runner.Resume(b.ctx, "driver_1", "k")
+		case "sweep":
+			_, err = sweeper.RunOnce(b.ctx)
+		}
+		return err
+	}
 	for i := 0; i < steps; i++ {
 		op := ops[rng.IntN(len(ops))]
 		faults.set(crashes[rng.IntN(len(crashes))], rng.IntN(6) == 0)
@@ -160,18 +173,6 @@ func runKeyModel(t *testing.T, seed uint64, steps int) {
 		bk.fail = []string{bankFaults[rng.IntN(len(bankFaults))]}
 		bk.mu.Unlock()
 		bk.lookupDown.Store(int32(rng.IntN(2)))
-		take := func(which atomicphase.KeyOp) error {
-			var err error
-			switch which {
-			case "run":
-				_, err = b.runner.Run(b.ctx, wf, payoutRequest("k"))
-			case "resume":
-				_, err = b.runner.Resume(b.ctx, "driver_1", "k")
-			case "sweep":
-				_, err = sweeper.RunOnce(b.ctx)
-			}
-			return err
-		}
 		switch op {
 		case "run", "resume", "sweep":
 			errs = append(errs, take(op))
