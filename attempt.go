@@ -22,6 +22,9 @@ type attempt struct {
 	key   string
 	// token is the lock token this acquisition got; every commit checks it.
 	token int64
+	// args are scope, key and token boxed once for the key's statements
+	// (keystore.KeyArgs), for a key this attempt records; zero otherwise.
+	args keystore.KeyArgs
 	// salt is the key row's downstream salt ("" on rows older than it).
 	salt string
 	// attempts counts the acquisitions of the key, this one included.

@@ -45,8 +45,11 @@ type phaseTx struct {
 	// prepared for the batch sent last.
 	assumed *assumedStatements
 	named   []string
-	// queue holds the statements queued since the last send.
-	queue []queued
+	// queue holds the statements queued since the last send, in queueBuf
+	// while they fit: most units queue a few, and a send is over before
+	// the next statement is queued.
+	queue    []queued
+	queueBuf [4]queued
 	// other is set once a statement was queued that is not a row
 	// statement (txcontrol.RowStatements): the transaction then needs a
 	// transaction block, and is never sent implicitly.
@@ -94,6 +97,9 @@ func (t *phaseTx) Queue(sql string, args ...any) {
 	}
 	if !t.other && !txcontrol.RowStatements(sql) {
 		t.other = true
+	}
+	if t.queue == nil {
+		t.queue = t.queueBuf[:0]
 	}
 	t.queue = append(t.queue, queued{sql: sql, args: args, phase: t.phase})
 }

@@ -130,7 +130,7 @@ func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *c
 
 // checkpointOf is the key store's checkpoint of cp.
 func (a *attempt) checkpointOf(cp *checkpoint) (*keystore.Checkpoint, error) {
-	kc := keystore.Checkpoint{Scope: a.scope, Key: a.key, Token: a.token, Point: cp.point, State: cp.state}
+	kc := keystore.Checkpoint{Scope: a.scope, Key: a.key, Token: a.token, Args: a.args, Point: cp.point, State: cp.state}
 	if cp.jumpTarget != "" {
 		kc.JumpTarget = &cp.jumpTarget
 	}

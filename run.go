@@ -98,6 +98,7 @@ func (r *Runner) run(ctx context.Context, wf AnyWorkflow, req *Request, fp Finge
 	if err != nil {
 		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)
 	}
+	key := keystore.NewKeyArgs(req.Scope, req.Key, fp[:])
 	if wf.assumesNewKeys() && r.implicitCommits.Load() {
 		if way := r.assumeWayFor(pool); way.ok {
 			// WorkflowOpts.AssumeNewKeys: the key is read in the first
@@ -105,10 +106,10 @@ func (r *Runner) run(ctx context.Context, wf AnyWorkflow, req *Request, fp Finge
 			if err := r.faultBeforeTake(ctx, wf.Name(), pc, false); err != nil {
 				return nil, injected(err)
 			}
-			return r.runNew(ctx, wf, req, fp, pc, &way)
+			return r.runNew(ctx, wf, req, fp, key, pc, &way)
 		}
 	}
-	p, found, err := r.store.Peek(ctx, pc.Conn(), req.Scope, req.Key, wf.Name(), fp[:])
+	p, found, err := r.store.Peek(ctx, pc.Conn(), key, wf.Name())
 	switch {
 	case err != nil:
 		pc.Release()
@@ -119,7 +120,7 @@ func (r *Runner) run(ctx context.Context, wf AnyWorkflow, req *Request, fp Finge
 		if err := r.faultBeforeTake(ctx, wf.Name(), pc, false); err != nil {
 			return nil, injected(err)
 		}
-		return r.runNew(ctx, wf, req, fp, pc, nil)
+		return r.runNew(ctx, wf, req, fp, key, pc, nil)
 	}
 	pc.Release()
 	return r.runFound(ctx, wf, req, fp, &p)
@@ -160,18 +161,21 @@ func (r *Runner) fusesRecording(wf AnyWorkflow) bool {
 // run answers one its read found. So is one whose request the start
 // function refuses, read then: a request reusing another's key is told
 // so, whatever its input.
-func (r *Runner) runNew(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, pc *pgxpool.Conn, assume *assumeWay) (resp *Response, err error) {
+func (r *Runner) runNew(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, key keystore.KeyArgs, pc *pgxpool.Conn, assume *assumeWay) (resp *Response, err error) {
 	state, err := r.initialState(ctx, wf, req)
 	if err != nil {
 		if assume != nil {
-			return r.runRefusedStart(ctx, wf, req, fp, pc, err)
+			return r.runRefusedStart(ctx, wf, req, fp, key, pc, err)
 		}
 		pc.Release()
 		return nil, err
 	}
 	token := newLockToken()
-	rec := r.store.NewRecording(r.keyRequest(wf, req, fp, state, token))
-	a := &attempt{r: r, wf: wf, scope: req.Scope, key: req.Key, token: token, attempts: 1, fresh: true,
+	key.Token = token
+	kr := r.keyRequest(wf, req, fp, state, token)
+	kr.Args = key
+	rec := r.store.NewRecording(kr)
+	a := &attempt{r: r, wf: wf, scope: req.Scope, key: req.Key, token: token, args: key, attempts: 1, fresh: true,
 		resumedFrom: RecoveryPointStarted, conn: pc, rec: rec}
 	if assume != nil {
 		rec.Assume(r.store)
@@ -192,8 +196,8 @@ func (r *Runner) runNew(ctx context.Context, wf AnyWorkflow, req *Request, fp Fi
 // before its key was read (WorkflowOpts.AssumeNewKeys): the key is read,
 // on pc (released), and a key that exists is answered as run answers it;
 // only a new key's request gets the start function's refusal, startErr.
-func (r *Runner) runRefusedStart(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, pc *pgxpool.Conn, startErr error) (*Response, error) {
-	p, found, err := r.store.Peek(ctx, pc.Conn(), req.Scope, req.Key, wf.Name(), fp[:])
+func (r *Runner) runRefusedStart(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, key keystore.KeyArgs, pc *pgxpool.Conn, startErr error) (*Response, error) {
+	p, found, err := r.store.Peek(ctx, pc.Conn(), key, wf.Name())
 	pc.Release()
 	switch {
 	case err != nil:

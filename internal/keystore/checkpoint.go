@@ -30,13 +30,17 @@ type Checkpoint struct {
 	Status *int
 	Header *string
 	Body   []byte
+	// Args are Scope, Key and Token boxed once (KeyArgs); the zero KeyArgs
+	// boxes them on use.
+	Args KeyArgs
 }
 
 // Checkpoint returns the statement that stores cp, and its arguments, for
 // the caller to queue in its transaction's last batch (before COMMIT) or to
 // run on its own.
 func (s *Store) Checkpoint(cp *Checkpoint) (sql string, args []any) {
-	args = []any{cp.Scope, cp.Key, cp.Token, cp.Point, cp.JumpTarget, cp.State, nil, nil, nil}
+	scope, key := cp.Args.scopeKey(cp.Scope, cp.Key)
+	args = []any{scope, key, cp.Args.token(cp.Token), cp.Point, cp.JumpTarget, cp.State, nil, nil, nil}
 	if cp.Status != nil {
 		body := cp.Body
 		if body == nil {

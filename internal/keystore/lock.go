@@ -68,6 +68,50 @@ type Request struct {
 	MaxUnfinished *int32
 	// Version is the version of the workflow definition a new key records.
 	Version string
+	// Args are Scope, Key, Fingerprint and Token boxed once (KeyArgs), for
+	// the recording's statements; the zero KeyArgs boxes them on use.
+	Args KeyArgs
+}
+
+// KeyArgs are a request's key as statement arguments, each boxed once.
+// pgx takes a statement's arguments as []any, and a string, a byte slice
+// or an int64 put in an interface is a heap allocation every time it is: a
+// new key's scope and key go into four statements (its read, the claim,
+// the recording and the last checkpoint), its fingerprint and its lock
+// token into two each. The zero KeyArgs boxes on every use.
+type KeyArgs struct {
+	Scope, Key, Fingerprint any
+	// Token is nil until the attempt has its lock token.
+	Token any
+}
+
+// NewKeyArgs boxes a request's scope, key and fingerprint.
+func NewKeyArgs(scope, key string, fingerprint []byte) KeyArgs {
+	return KeyArgs{Scope: scope, Key: key, Fingerprint: fingerprint}
+}
+
+// scopeKey returns the boxed scope and key, or scope and key boxed now.
+func (ka *KeyArgs) scopeKey(scope, key string) (any, any) {
+	if ka.Scope != nil {
+		return ka.Scope, ka.Key
+	}
+	return scope, key
+}
+
+// token returns the boxed token, or token boxed now.
+func (ka *KeyArgs) token(token int64) any {
+	if ka.Token != nil {
+		return ka.Token
+	}
+	return token
+}
+
+// fingerprint returns the boxed fingerprint, or fingerprint boxed now.
+func (ka *KeyArgs) fingerprint(fingerprint []byte) any {
+	if ka.Fingerprint != nil {
+		return ka.Fingerprint
+	}
+	return fingerprint
 }
 
 // Acquire records req's key, or takes it when it is unfinished and nobody
@@ -121,8 +165,8 @@ type Peeked struct {
 // It is the whole of a replay, so it scans into one value (one allocation
 // for every target and the pointers it returns into), and passes the lock
 // timeout boxed once.
-func (s *Store) Peek(ctx context.Context, db DB, scope, key, workflow string, fingerprint []byte) (p Peeked, found bool, err error) {
-	return scanPeeked(db.QueryRow(ctx, s.sql.peek, scope, key, s.lockTimeoutArg, workflow, fingerprint))
+func (s *Store) Peek(ctx context.Context, db DB, key KeyArgs, workflow string) (p Peeked, found bool, err error) {
+	return scanPeeked(db.QueryRow(ctx, s.sql.peek, key.Scope, key.Key, s.lockTimeoutArg, workflow, key.Fingerprint))
 }
 
 // scanPeeked scans peekSQL's answer.
@@ -241,7 +285,8 @@ func (rec *Recording) Assumes() bool { return rec.peek != "" }
 // Found set, when the key exists.
 func (rec *Recording) ReadAhead(ctx context.Context, db DB) error {
 	r := rec.req
-	p, found, err := scanPeeked(db.QueryRow(ctx, rec.peek, r.Scope, r.Key, rec.lease, r.Workflow, r.Fingerprint))
+	scope, key := r.Args.scopeKey(r.Scope, r.Key)
+	p, found, err := scanPeeked(db.QueryRow(ctx, rec.peek, scope, key, rec.lease, r.Workflow, r.Args.fingerprint(r.Fingerprint)))
 	if err != nil {
 		return err
 	}
@@ -259,11 +304,12 @@ func (rec *Recording) ReadAhead(ctx context.Context, db DB) error {
 // Queue adds the recording's claim to b, at the head of the transaction:
 // for a recording that assumes its key is new, after the key's read.
 func (rec *Recording) Queue(b *pgx.Batch) {
+	r := rec.req
+	scope, key := r.Args.scopeKey(r.Scope, r.Key)
 	if rec.peek != "" {
-		r := rec.req
-		b.Queue(rec.peek, r.Scope, r.Key, rec.lease, r.Workflow, r.Fingerprint)
+		b.Queue(rec.peek, scope, key, rec.lease, r.Workflow, r.Args.fingerprint(r.Fingerprint))
 	}
-	b.Queue(rec.claim, rec.req.Scope, rec.req.Key)
+	b.Queue(rec.claim, scope, key)
 }
 
 // Read reads the claim's answer from br (and, first, the key's read that
@@ -304,8 +350,9 @@ func (rec *Recording) Read(br pgx.BatchResults) error {
 // of its first unit, in place of cp's checkpoint, and its arguments.
 func (rec *Recording) Final(cp *Checkpoint) (sql string, args []any) {
 	r := rec.req
-	args = []any{r.Scope, r.Key, r.Workflow, r.Fingerprint, r.Method, r.Path, r.Token, rec.lease, r.Version,
-		cp.Point, cp.JumpTarget, cp.State, nil, nil, nil}
+	scope, key := r.Args.scopeKey(r.Scope, r.Key)
+	args = []any{scope, key, r.Workflow, r.Args.fingerprint(r.Fingerprint), r.Method, r.Path, r.Args.token(r.Token),
+		rec.lease, r.Version, cp.Point, cp.JumpTarget, cp.State, nil, nil, nil}
 	if cp.Status != nil {
 		body := cp.Body
 		if body == nil {
@@ -320,6 +367,9 @@ func (rec *Recording) Final(cp *Checkpoint) (sql string, args []any) {
 // the key existed (the transaction then rolls back).
 func (rec *Recording) ReadFinal(br pgx.BatchResults) error {
 	err := br.QueryRow().Scan(&rec.Salt)
+	if err == nil {
+		return nil
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == RecordedMeanwhileCode {
 		rec.Recorded = false
@@ -444,6 +494,9 @@ const RecordingInFlightCode = "AP002"
 // IsRecordingInFlight reports the error a recording raises when another
 // transaction is recording the same key.
 func IsRecordingInFlight(err error) bool {
+	if err == nil {
+		return false
+	}
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == RecordingInFlightCode
 }
@@ -454,6 +507,9 @@ const LockLostCode = "AP001"
 
 // IsLockLost reports the fencing failure a checkpoint raises.
 func IsLockLost(err error) bool {
+	if err == nil {
+		return false // before pgErr, which escapes: no allocation on success
+	}
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == LockLostCode
 }
