@@ -196,7 +196,10 @@ func downstreamKey(salt, workflow, scope, key, phase string) string {
 	} else {
 		sum = fingerprint.HashParts("atomicphase-downstream-v2", salt, workflow, scope, key, phase)
 	}
-	return "ap_" + hex.EncodeToString(sum[:20])
+	var b [3 + 40]byte // one allocation: the string
+	copy(b[:], "ap_")
+	hex.Encode(b[3:], sum[:20])
+	return string(b[:])
 }
 
 // callPhase makes a foreign phase's call (once), or learns by reconciling

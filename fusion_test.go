@@ -35,7 +35,7 @@ type commitCounter struct {
 
 type implicitBatch struct{ inBlock, writes bool }
 
-var writes = regexp.MustCompile(`(?i)^\s*(INSERT|UPDATE|DELETE)\b|atomicphase_(acquire|admit|checkpoint|record_unit)\(`)
+var writes = regexp.MustCompile(`(?i)^\s*(INSERT|UPDATE|DELETE)\b|atomicphase_(acquire|admit|checkpoint|record_unit|record_first)\(`)
 
 func (c *commitCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	if d.SQL == "COMMIT" || (conn.PgConn().TxStatus() == 'I' && writes.MatchString(d.SQL)) {

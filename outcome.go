@@ -105,9 +105,10 @@ func (a *attempt) route(idx int, st *step, out Outcome, state []byte) (phaseResu
 		if err := a.r.cfg.checkStoredResponse(&out.resp, a.wf.replayable()); err != nil {
 			return res, nil, Permanent(err)
 		}
-		resp := out.resp
-		res.resp = &resp
-		cp := &checkpoint{point: RecoveryPointFinished, resp: &resp}
+		// The response and its checkpoint in one allocation.
+		cp := &checkpoint{point: RecoveryPointFinished, respValue: out.resp}
+		cp.resp = &cp.respValue
+		res.resp = cp.resp
 		if a.wf.keepsFinishedState() {
 			cp.state = state
 		}
@@ -116,7 +117,7 @@ func (a *attempt) route(idx int, st *step, out Outcome, state []byte) (phaseResu
 		for _, t := range st.jumps {
 			if t == out.target {
 				res.nextIdx, _ = a.wf.resumeAt("", t)
-				return res, &checkpoint{point: st.name, jumpTarget: t, state: state}, nil
+				return res, &checkpoint{point: st.name, pointArg: st.nameArg, jumpTarget: t, state: state}, nil
 			}
 		}
 		return res, nil, Permanent(fmt.Errorf("phase jumped to %q, which it does not declare with WithJumps", out.target))
@@ -125,7 +126,7 @@ func (a *attempt) route(idx int, st *step, out Outcome, state []byte) (phaseResu
 			return res, nil, Permanent(ErrNoResponse)
 		}
 		res.nextIdx = idx + 1
-		return res, &checkpoint{point: st.name, state: state}, nil
+		return res, &checkpoint{point: st.name, pointArg: st.nameArg, state: state}, nil
 	}
 }
 

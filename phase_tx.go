@@ -40,6 +40,10 @@ type phaseTx struct {
 	phase string
 	// rec records the key, until sent.
 	rec *keystore.Recording
+	// recordWith, set by the commit of a unit sent whole, has rec go at
+	// the head of the batch as the final insert with this checkpoint
+	// (keystore.Recording.QueueRecord), instead of as a claim.
+	recordWith *keystore.Checkpoint
 	// assumed prepares the statements of a batch that assumes its key is
 	// new (rec.Assumes) by name; nil for none. named are the texts it
 	// prepared for the batch sent last.
@@ -150,7 +154,10 @@ func (t *phaseTx) sendBatch(ctx context.Context, mayBegin bool, tail func(*pgx.B
 	}
 	rec, queue := t.rec, t.queue
 	t.rec, t.queue = nil, nil
-	if rec != nil {
+	switch {
+	case rec != nil && t.recordWith != nil:
+		rec.QueueRecord(b, t.recordWith)
+	case rec != nil:
 		rec.Queue(b)
 	}
 	for _, q := range queue {

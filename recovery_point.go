@@ -44,13 +44,17 @@ func (w *Workflow[S]) resumeAt(recoveryPoint, jumpTarget string) (int, error) {
 // writes: the new recovery point, where a jump goes, the state, and, for the
 // phase that responds, the response.
 type checkpoint struct {
-	// point is the committed phase's name, or RecoveryPointFinished.
-	point string
+	// point is the committed phase's name, or RecoveryPointFinished;
+	// pointArg is a phase's name boxed once (step.nameArg), or nil.
+	point    string
+	pointArg any
 	// jumpTarget is the phase a retry runs next when the phase jumped, ""
 	// when it continued in order.
 	jumpTarget string
 	state      []byte
 	resp       *Response
+	// respValue holds resp when the checkpoint's route made it.
+	respValue Response
 }
 
 // commit stores cp with everything the unit wrote through tx, atomically,
@@ -73,19 +77,28 @@ func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *c
 	if err != nil {
 		return err
 	}
-	rec := a.rec
-	var sql string
-	var args []any
-	if rec != nil {
-		sql, args = rec.Final(kc)
-	} else {
-		sql, args = a.r.store.Checkpoint(kc)
-	}
 	if cp.point == RecoveryPointFinished && a.attempts > 1 {
 		// An earlier attempt may have failed: its error goes with the
 		// commit that stores the response (it may quote the client).
 		clear, clearArgs := a.r.store.ClearLastError(a.scope, a.key, a.token)
 		tx.Queue(clear, clearArgs...)
+	}
+	rec := a.rec
+	// A unit sent whole, in one implicit transaction, on one PostgreSQL.
+	implicitly := tx.implicit() && a.r.implicitCommits.Load()
+	// A new key's recording that was not sent yet goes at the head of such
+	// a batch, as the final insert itself, which takes the claim's lock:
+	// one statement fewer (keystore.Recording.QueueRecord).
+	first := implicitly && rec != nil && tx.rec == rec && a.r.recordFirst.Load()
+	var sql string
+	var args []any
+	switch {
+	case first:
+		tx.recordWith = kc
+	case rec != nil:
+		sql, args = rec.Final(kc)
+	default:
+		sql, args = a.r.store.Checkpoint(kc)
 	}
 	sent := time.Now() // the checkpoint renews the lease, from no earlier
 	defer func() {
@@ -100,10 +113,11 @@ func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *c
 		// goes as one batch; on one PostgreSQL without BEGIN and COMMIT,
 		// two statements fewer, its implicit transaction committing all
 		// of it or none.
-		implicitly := tx.implicit() && a.r.implicitCommits.Load()
 		var br pgx.BatchResults
 		br, err = tx.sendBatch(ctx, !implicitly, func(b *pgx.Batch) {
-			b.Queue(sql, args...)
+			if !first {
+				b.Queue(sql, args...)
+			}
 			if tx.guard {
 				b.Queue(guardClose)
 			}
@@ -111,7 +125,7 @@ func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *c
 				b.Queue("COMMIT")
 			}
 		})
-		if err == nil && rec != nil {
+		if err == nil && rec != nil && !first {
 			if err = rec.ReadFinal(br); err != nil {
 				err = closeAfter(br, err)
 			}
@@ -130,7 +144,8 @@ func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *c
 
 // checkpointOf is the key store's checkpoint of cp.
 func (a *attempt) checkpointOf(cp *checkpoint) (*keystore.Checkpoint, error) {
-	kc := keystore.Checkpoint{Scope: a.scope, Key: a.key, Token: a.token, Args: a.args, Point: cp.point, State: cp.state}
+	kc := keystore.Checkpoint{Scope: a.scope, Key: a.key, Token: a.token, Args: a.args, Point: cp.point, PointArg: cp.pointArg,
+		State: cp.state}
 	if cp.jumpTarget != "" {
 		kc.JumpTarget = &cp.jumpTarget
 	}

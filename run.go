@@ -99,6 +99,7 @@ func (r *Runner) run(ctx context.Context, wf AnyWorkflow, req *Request, fp Finge
 		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)
 	}
 	key := keystore.NewKeyArgs(req.Scope, req.Key, fp[:])
+	key.Workflow, key.Version = wf.boxedNames()
 	if wf.assumesNewKeys() && r.implicitCommits.Load() {
 		if way := r.assumeWayFor(pool); way.ok {
 			// WorkflowOpts.AssumeNewKeys: the key is read in the first

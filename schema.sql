@@ -2308,3 +2308,44 @@ CREATE TRIGGER atomicphase_key_delete
                   OR (OLD.parked_at IS NOT NULL AND OLD.locked_at IS NULL AND OLD.unknown_at IS NULL
                       AND OLD.called_at IS NULL AND (OLD.call_until IS NULL OR OLD.call_until < now()))))
     EXECUTE FUNCTION atomicphase_key_delete();
+
+-- A new key's recording in one statement, at the head of its first
+-- unit's batch when that unit goes whole (every statement queued, one
+-- implicit transaction): the claim's advisory lock and the key's INSERT
+-- with the unit's checkpoint, together. The unit's own statements come
+-- after it, so they never run for a key that exists, and a duplicate of a
+-- key being recorded is refused at once (AP002), as the claim refuses it:
+-- one statement fewer per new key. Expand only: a new function. A release
+-- that does not know it claims and records as before, with the same lock.
+CREATE FUNCTION atomicphase_record_first(
+    p_scope text, p_key text, p_workflow text, p_fingerprint bytea,
+    p_method text, p_path text, p_lock_token bigint, p_lease_us bigint, p_version text,
+    p_recovery_point text, p_next_phase text, p_state bytea,
+    p_status integer, p_header jsonb, p_body bytea
+) RETURNS TABLE (downstream_salt uuid) LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(hashtextextended(p_scope || chr(31) || p_key, 7)) THEN
+        RAISE EXCEPTION 'idempotency key % is being recorded by another request', p_key
+            USING ERRCODE = 'AP002';
+    END IF;
+    -- As atomicphase_record_unit: the row as the checkpoint leaves it,
+    -- written once; AP003 when the key exists.
+    INSERT INTO idempotency_keys AS k
+        (scope, idempotency_key, workflow, fingerprint, request_method, request_path,
+         state, lock_token, locked_at, created_at, updated_at, lease_us, workflow_version,
+         recovery_point, next_phase, response_status, response_header, response_body, finished_at)
+    VALUES (p_scope, p_key, p_workflow, p_fingerprint, p_method, p_path,
+            p_state, p_lock_token, CASE WHEN p_status IS NULL THEN v_now END, v_now, v_now, p_lease_us, p_version,
+            p_recovery_point, p_next_phase, p_status, p_header, p_body,
+            CASE WHEN p_status IS NOT NULL THEN v_now END)
+    ON CONFLICT (scope, idempotency_key) DO NOTHING
+    RETURNING k.downstream_salt INTO downstream_salt;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'idempotency key % was recorded by another request meanwhile', p_key
+            USING ERRCODE = 'AP003';
+    END IF;
+    RETURN NEXT;
+END
+$$;

@@ -182,12 +182,15 @@ func (r *Runner) RecordVersions(ctx context.Context) error {
 // takes the name for this definition.
 func (r *Runner) announce(ctx context.Context) error {
 	r.unrecorded.Store(false)
-	if !r.implicitCommits.Load() {
+	if !r.implicitCommits.Load() || !r.recordFirst.Load() {
 		// Learnt with the first request's recording of the versions (or
 		// the first sweep), which every process makes; until then, and if
-		// it fails, units are sent inside BEGIN and COMMIT.
-		if citus, err := r.store.OnCitus(ctx, r.pool); err == nil && !citus {
+		// it fails, units are sent inside BEGIN and COMMIT, and a new key
+		// is claimed first. Asked again on every announcement until both
+		// are known: migration 020 may be applied while this process runs.
+		if citus, first, err := r.store.Features(ctx, r.pool); err == nil && !citus {
 			r.implicitCommits.Store(true)
+			r.recordFirst.Store(first)
 		}
 	}
 	var errs []error

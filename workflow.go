@@ -102,8 +102,11 @@ type Workflow[S any] struct {
 	def []string
 	// version is the definition's version (WorkflowOpts.Version, or
 	// derived), and phaseNames its phases' names, former names included.
-	version    string
-	phaseNames []string
+	version string
+	// nameArg and versionArg are name and version boxed once, for the
+	// statements that store them (keystore.KeyArgs).
+	nameArg, versionArg any
+	phaseNames          []string
 	// shapeHash is the derived version, whether or not one was declared:
 	// two definitions that share a declared version must share it.
 	shapeHash string
@@ -113,6 +116,8 @@ type Workflow[S any] struct {
 // states travel between phases as JSON bytes, stored verbatim.
 type step struct {
 	name string
+	// nameArg is name boxed once, for the statements that store it.
+	nameArg any
 	// downstreamName names the phase in its downstream keys: its oldest
 	// name, so that renaming a foreign phase keeps the keys of calls made
 	// under an earlier name.
@@ -231,6 +236,7 @@ func NewWorkflow[In, S any](name string, start StartFunc[In, S], phases []Phase[
 	} else if err := checkName("workflow version", wf.version); err != nil {
 		return nil, fmt.Errorf("atomicphase: workflow %q is invalid: %w", name, err)
 	}
+	wf.nameArg, wf.versionArg = wf.name, wf.version
 	for _, st := range wf.steps {
 		wf.phaseNames = append(append(wf.phaseNames, st.name), st.formerNames...)
 	}
@@ -281,6 +287,8 @@ func MustWorkflow[In, S any](name string, start StartFunc[In, S], phases []Phase
 // Name returns the workflow's name.
 func (w *Workflow[S]) Name() string { return w.name }
 
+func (w *Workflow[S]) boxedNames() (name, version any) { return w.nameArg, w.versionArg }
+
 // Phases returns the workflow's phase names in order.
 func (w *Workflow[S]) Phases() []string {
 	names := make([]string, len(w.steps))
@@ -314,6 +322,8 @@ type AnyWorkflow interface {
 	resumeAt(recoveryPoint, jumpTarget string) (int, error)
 	// Version is the version of the definition (Workflow.Version).
 	Version() string
+	// boxedNames returns Name and Version boxed once.
+	boxedNames() (name, version any)
 	phaseList() []string
 	shape() string
 }
@@ -335,7 +345,7 @@ func startStep[In, S any](start StartFunc[In, S]) func(req *Request) ([]byte, er
 }
 
 func makeStep[S any](p Phase[S], iso pgx.TxIsoLevel) step {
-	st := step{name: p.name, downstreamName: p.name, isolation: iso, jumps: p.jumps, formerNames: p.formerNames}
+	st := step{name: p.name, nameArg: p.name, downstreamName: p.name, isolation: iso, jumps: p.jumps, formerNames: p.formerNames}
 	if len(p.formerNames) > 0 {
 		st.downstreamName = p.formerNames[0]
 	}

@@ -33,6 +33,24 @@ type Checkpoint struct {
 	// Args are Scope, Key and Token boxed once (KeyArgs); the zero KeyArgs
 	// boxes them on use.
 	Args KeyArgs
+	// PointArg is Point boxed once (a phase's name, boxed when its
+	// workflow is built); nil to box it on use.
+	PointArg any
+}
+
+// finishedArg is the finished recovery point, boxed once.
+var finishedArg any = "finished"
+
+// point returns the recovery point as a statement argument, boxed once
+// where it can be.
+func (cp *Checkpoint) point() any {
+	switch {
+	case cp.PointArg != nil:
+		return cp.PointArg
+	case cp.Point == "finished":
+		return finishedArg
+	}
+	return cp.Point
 }
 
 // Checkpoint returns the statement that stores cp, and its arguments, for
@@ -40,7 +58,7 @@ type Checkpoint struct {
 // run on its own.
 func (s *Store) Checkpoint(cp *Checkpoint) (sql string, args []any) {
 	scope, key := cp.Args.scopeKey(cp.Scope, cp.Key)
-	args = []any{scope, key, cp.Args.token(cp.Token), cp.Point, cp.JumpTarget, cp.State, nil, nil, nil}
+	args = []any{scope, key, cp.Args.token(cp.Token), cp.point(), cp.JumpTarget, cp.State, nil, nil, nil}
 	if cp.Status != nil {
 		body := cp.Body
 		if body == nil {

@@ -23,26 +23,32 @@ import (
 var citusFunctions = []struct {
 	signature string
 	force     bool
+	// optional: the library calls it only where it exists (Store.Features),
+	// so CheckSchema does not look for it.
+	optional bool
 }{
-	{"atomicphase_acquire(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)", false},
-	{"atomicphase_take(text, text, bigint, bigint, boolean)", false},
-	{"atomicphase_release(text, text, bigint, text, bigint, boolean, boolean)", false},
-	{"atomicphase_release(text, text, bigint, text, bigint, boolean, boolean, boolean)", false},
-	{"atomicphase_release(text, text, bigint, text, bigint, boolean, boolean, boolean, boolean)", false},
-	{"atomicphase_unpark(text, text)", false},
-	{"atomicphase_record_resolution(text, text, boolean, text, bigint)", false},
-	{"atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)", false},
-	{"atomicphase_record_verdict(text, text, boolean, text, bigint, jsonb)", false},
-	{"atomicphase_renew(text, text, bigint, bigint, bigint)", false},
-	{"atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer, text)", false},
+	{"atomicphase_acquire(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)", false, false},
+	{"atomicphase_take(text, text, bigint, bigint, boolean)", false, false},
+	{"atomicphase_release(text, text, bigint, text, bigint, boolean, boolean)", false, false},
+	{"atomicphase_release(text, text, bigint, text, bigint, boolean, boolean, boolean)", false, false},
+	{"atomicphase_release(text, text, bigint, text, bigint, boolean, boolean, boolean, boolean)", false, false},
+	{"atomicphase_unpark(text, text)", false, false},
+	{"atomicphase_record_resolution(text, text, boolean, text, bigint)", false, false},
+	{"atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)", false, false},
+	{"atomicphase_record_verdict(text, text, boolean, text, bigint, jsonb)", false, false},
+	{"atomicphase_renew(text, text, bigint, bigint, bigint)", false, false},
+	{"atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer, text)", false, false},
 	// Called inside the phase's transaction (phase fusion, the commit):
 	// without force_delegation they would run on the coordinator.
-	{"atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer)", true},
-	{"atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer, bigint)", true},
-	{"atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer, bigint, text)", true},
-	{"atomicphase_checkpoint(text, text, bigint, text, text, bytea, integer, jsonb, bytea)", true},
-	{"atomicphase_claim(text, text)", true},
-	{"atomicphase_record_unit(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)", true},
+	{"atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer)", true, false},
+	{"atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer, bigint)", true, false},
+	{"atomicphase_record(text, text, text, bytea, text, text, bytea, bigint, integer, bigint, text)", true, false},
+	{"atomicphase_checkpoint(text, text, bigint, text, text, bytea, integer, jsonb, bytea)", true, false},
+	{"atomicphase_claim(text, text)", true, false},
+	{"atomicphase_record_unit(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)", true, false},
+	// Not called on Citus (a unit's batch there always has BEGIN, and a
+	// new key is claimed first), distributed as the insert it stands for.
+	{"atomicphase_record_first(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)", true, true},
 }
 
 // unsafeTriggers lets the key table be distributed with its triggers

@@ -83,6 +83,9 @@ type KeyArgs struct {
 	Scope, Key, Fingerprint any
 	// Token is nil until the attempt has its lock token.
 	Token any
+	// Workflow and Version are the workflow's name and version, boxed
+	// once per workflow; nil to box them on use.
+	Workflow, Version any
 }
 
 // NewKeyArgs boxes a request's scope, key and fingerprint.
@@ -104,6 +107,22 @@ func (ka *KeyArgs) token(token int64) any {
 		return ka.Token
 	}
 	return token
+}
+
+// workflow returns the boxed workflow name, or name boxed now.
+func (ka *KeyArgs) workflow(name string) any {
+	if ka.Workflow != nil {
+		return ka.Workflow
+	}
+	return name
+}
+
+// version returns the boxed workflow version, or version boxed now.
+func (ka *KeyArgs) version(version string) any {
+	if ka.Version != nil {
+		return ka.Version
+	}
+	return version
 }
 
 // fingerprint returns the boxed fingerprint, or fingerprint boxed now.
@@ -166,7 +185,7 @@ type Peeked struct {
 // for every target and the pointers it returns into), and passes the lock
 // timeout boxed once.
 func (s *Store) Peek(ctx context.Context, db DB, key KeyArgs, workflow string) (p Peeked, found bool, err error) {
-	return scanPeeked(db.QueryRow(ctx, s.sql.peek, key.Scope, key.Key, s.lockTimeoutArg, workflow, key.Fingerprint))
+	return scanPeeked(db.QueryRow(ctx, s.sql.peek, key.Scope, key.Key, s.lockTimeoutArg, key.workflow(workflow), key.Fingerprint))
 }
 
 // scanPeeked scans peekSQL's answer.
@@ -223,6 +242,13 @@ const recordUnitSQL = `SELECT downstream_salt::text FROM /* TEMPLATE: schema */a
 	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bigint, $8::bigint, $9::text,
 	$10::text, $11::text, $12::bytea, $13::integer, $14::jsonb, $15::bytea)`
 
+// recordFirstSQL records a new key at the head of its first unit's batch
+// (see atomicphase_record_first, migration 020): the claim's lock and the
+// insert, with the unit's checkpoint, in one statement.
+const recordFirstSQL = `SELECT downstream_salt::text FROM /* TEMPLATE: schema */atomicphase_record_first(
+	$1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bigint, $8::bigint, $9::text,
+	$10::text, $11::text, $12::bytea, $13::integer, $14::jsonb, $15::bytea)`
+
 // RecordedMeanwhileCode is the SQLSTATE atomicphase_record_unit raises when
 // the key exists.
 const RecordedMeanwhileCode = "AP003"
@@ -233,10 +259,12 @@ const RecordedMeanwhileCode = "AP003"
 // when that transaction did not commit.
 type Recording struct {
 	sql string
-	// claim and final are the claim's and the final insert's statements.
-	claim, final string
-	req          *Request
-	lease        any
+	// claim and final are the claim's and the final insert's statements;
+	// recordFirst is the final insert that takes the claim's lock itself
+	// (QueueRecord).
+	claim, final, recordFirst string
+	req                       *Request
+	lease                     any
 	// peek is set for a recording that assumes its key is new (Assume):
 	// the key's read travels ahead of the claim, in the same batch.
 	peek string
@@ -253,6 +281,9 @@ type Recording struct {
 	Announced bool
 	// Salt is the new row's downstream salt.
 	Salt string
+	// first is set when the recording went at the head of its unit's only
+	// batch, as the final insert itself (QueueRecord), with no claim.
+	first bool
 }
 
 // ErrNotRecorded is a recording's answer when the key existed: the attempt
@@ -263,7 +294,8 @@ var ErrNotRecorded = errors.New("atomicphase: the key was recorded meanwhile")
 // NewRecording makes the recording of req's key (req.MaxUnfinished is not
 // applied: a recording that rides in a transaction is not counted).
 func (s *Store) NewRecording(req *Request) *Recording {
-	return &Recording{sql: s.sql.record, claim: s.sql.claim, final: s.sql.recordUnit, req: req, lease: s.lockTimeoutArg}
+	return &Recording{sql: s.sql.record, claim: s.sql.claim, final: s.sql.recordUnit, recordFirst: s.sql.recordFirst,
+		req: req, lease: s.lockTimeoutArg}
 }
 
 // Assume makes the recording assume the key is new, on one PostgreSQL:
@@ -304,12 +336,33 @@ func (rec *Recording) ReadAhead(ctx context.Context, db DB) error {
 // Queue adds the recording's claim to b, at the head of the transaction:
 // for a recording that assumes its key is new, after the key's read.
 func (rec *Recording) Queue(b *pgx.Batch) {
+	rec.first = false
 	r := rec.req
 	scope, key := r.Args.scopeKey(r.Scope, r.Key)
 	if rec.peek != "" {
 		b.Queue(rec.peek, scope, key, rec.lease, r.Workflow, r.Args.fingerprint(r.Fingerprint))
 	}
 	b.Queue(rec.claim, scope, key)
+}
+
+// QueueRecord adds to b, at the head of the transaction, the insert that
+// records the key with cp and takes the claim's lock itself
+// (atomicphase_record_first, migration 020: see Store.Features), in place
+// of the claim and of the final insert: for a unit sent whole, in one
+// implicit transaction, whose checkpoint is known before anything is
+// sent. The unit's own statements come after it, so they never run for a
+// key that exists (it raises RecordedMeanwhileCode) or that another
+// transaction is recording (RecordingInFlightCode, at once). Read reads
+// its answer.
+func (rec *Recording) QueueRecord(b *pgx.Batch, cp *Checkpoint) {
+	r := rec.req
+	if rec.peek != "" {
+		scope, key := r.Args.scopeKey(r.Scope, r.Key)
+		b.Queue(rec.peek, scope, key, rec.lease, r.Workflow, r.Args.fingerprint(r.Fingerprint))
+	}
+	_, args := rec.Final(cp)
+	b.Queue(rec.recordFirst, args...)
+	rec.first = true
 }
 
 // Read reads the claim's answer from br (and, first, the key's read that
@@ -327,6 +380,18 @@ func (rec *Recording) Read(br pgx.BatchResults) error {
 		if found {
 			rec.Found = &p
 		}
+	}
+	if rec.first {
+		// The final insert went in the claim's place (QueueRecord).
+		if err := rec.ReadFinal(br); err != nil {
+			var pgErr *pgconn.PgError
+			rec.Sent = errors.Is(err, ErrNotRecorded) ||
+				errors.As(err, &pgErr) && pgErr.Code == RecordingInFlightCode
+			return err
+		}
+		rec.Sent, rec.Recorded = true, true
+		rec.Found = nil
+		return nil
 	}
 	if _, err := br.Exec(); err != nil {
 		// The claim's own refusal: the key is another request's. Any other
@@ -351,8 +416,8 @@ func (rec *Recording) Read(br pgx.BatchResults) error {
 func (rec *Recording) Final(cp *Checkpoint) (sql string, args []any) {
 	r := rec.req
 	scope, key := r.Args.scopeKey(r.Scope, r.Key)
-	args = []any{scope, key, r.Workflow, r.Args.fingerprint(r.Fingerprint), r.Method, r.Path, r.Args.token(r.Token),
-		rec.lease, r.Version, cp.Point, cp.JumpTarget, cp.State, nil, nil, nil}
+	args = []any{scope, key, r.Args.workflow(r.Workflow), r.Args.fingerprint(r.Fingerprint), r.Method, r.Path,
+		r.Args.token(r.Token), rec.lease, r.Args.version(r.Version), cp.point(), cp.JumpTarget, cp.State, nil, nil, nil}
 	if cp.Status != nil {
 		body := cp.Body
 		if body == nil {

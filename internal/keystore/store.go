@@ -66,6 +66,9 @@ type Store struct {
 	lockTimeoutUS  int64
 	lockTimeoutArg any
 	sql            statements
+	// recordFirstName is atomicphase_record_first's signature in this
+	// schema, for Features.
+	recordFirstName string
 }
 
 // statements are the statements rendered once for the Store's schema.
@@ -76,7 +79,7 @@ type statements struct {
 	levels, recentTrouble, page, pageUnfinished, scopeKeys,
 	recordAudit, auditTrail, history,
 	versionOf, announce, versionDrained, reclaimVersion, deployed, otherVersions, versionKeys, versions, undoAttempt,
-	claim, recordUnit,
+	claim, recordUnit, recordFirst,
 	watermark, planWatermark, passed, markPassed, moveWatermark string
 }
 
@@ -84,7 +87,7 @@ type statements struct {
 func New(schema string, lockTimeout time.Duration) *Store {
 	r := func(sql string) string { return Render(sql, schema) }
 	us := lockTimeout.Microseconds()
-	return &Store{schema: schema, lockTimeoutUS: us, lockTimeoutArg: us, sql: statements{
+	return &Store{schema: schema, lockTimeoutUS: us, lockTimeoutArg: us, recordFirstName: r(recordFirstFunction) + recordFirstArgs, sql: statements{
 		acquire:          r(acquireSQL),
 		peek:             r(peekSQL),
 		record:           r(recordSQL),
@@ -126,6 +129,7 @@ func New(schema string, lockTimeout time.Duration) *Store {
 		undoAttempt:      r(undoAttemptSQL),
 		claim:            r(claimSQL),
 		recordUnit:       r(recordUnitSQL),
+		recordFirst:      r(recordFirstSQL),
 		watermark:        r(watermarkSQL),
 		planWatermark:    r(planWatermarkSQL),
 		passed:           r(passedSQL),
@@ -139,18 +143,30 @@ func (s *Store) LockTimeout() time.Duration {
 	return time.Duration(s.lockTimeoutUS) * time.Microsecond
 }
 
-// onCitusSQL tells whether the database runs Citus. It reads the catalog
-// only, not the key table.
-const onCitusSQL = `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')`
+// featuresSQL tells whether the database runs Citus, and whether
+// atomicphase_record_first (migration 020), named by $1, exists. It reads
+// the catalog only, not the key table.
+const featuresSQL = `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus'),
+       to_regprocedure($1) IS NOT NULL`
 
-// OnCitus reports whether the database db reaches runs Citus. There, the
-// statements of one batch sent without BEGIN are not one transaction: each
-// commits on its own when it touches a distributed table (on one
-// PostgreSQL the batch's implicit transaction commits them together, or
-// none), so a unit's statements must always be sent inside BEGIN and
-// COMMIT.
-func (s *Store) OnCitus(ctx context.Context, db DB) (bool, error) {
-	var on bool
-	err := db.QueryRow(ctx, onCitusSQL).Scan(&on)
-	return on, err
+// recordFirstFunction and recordFirstArgs name atomicphase_record_first
+// and its argument types, for to_regprocedure.
+const (
+	recordFirstFunction = `/* TEMPLATE: schema */atomicphase_record_first`
+	recordFirstArgs     = `(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)`
+)
+
+// Features reports what the database db reaches offers the request path.
+//
+// citus: the database runs Citus. There, the statements of one batch sent
+// without BEGIN are not one transaction: each commits on its own when it
+// touches a distributed table (on one PostgreSQL the batch's implicit
+// transaction commits them together, or none), so a unit's statements
+// must always be sent inside BEGIN and COMMIT.
+//
+// recordFirst: migration 020 is applied, and a new key's first unit sent
+// whole may record the key at its head (Recording.QueueRecord).
+func (s *Store) Features(ctx context.Context, db DB) (citus, recordFirst bool, err error) {
+	err = db.QueryRow(ctx, featuresSQL, s.recordFirstName).Scan(&citus, &recordFirst)
+	return citus, recordFirst, err
 }

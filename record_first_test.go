@@ -1,0 +1,215 @@
+package atomicphase_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/atomicphasetest"
+)
+
+// batchLog is a pgx tracer keeping the statements of every batch sent,
+// in the order the batches started.
+type batchLog struct {
+	mu      sync.Mutex
+	batches [][]string
+	current map[*pgx.Conn]int // the batch each connection is sending
+}
+
+func (l *batchLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (l *batchLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (l *batchLog) TraceBatchStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.current == nil {
+		l.current = map[*pgx.Conn]int{}
+	}
+	l.current[conn] = len(l.batches)
+	l.batches = append(l.batches, []string{})
+	return ctx
+}
+func (l *batchLog) TraceBatchQuery(_ context.Context, conn *pgx.Conn, d pgx.TraceBatchQueryData) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if i, ok := l.current[conn]; ok {
+		l.batches[i] = append(l.batches[i], d.SQL)
+	}
+}
+func (l *batchLog) TraceBatchEnd(_ context.Context, conn *pgx.Conn, _ pgx.TraceBatchEndData) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.current, conn)
+}
+
+// calls returns, per batch sent since the last reset, the atomicphase_
+// functions its statements call, in order, and forgets them.
+func (l *batchLog) calls() [][]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out [][]string
+	for _, b := range l.batches {
+		var fns []string
+		for _, sql := range b {
+			if i := strings.Index(sql, "atomicphase_"); i >= 0 {
+				fns = append(fns, sql[i:i+strings.IndexByte(sql[i:], '(')])
+			} else {
+				fns = append(fns, strings.Fields(sql)[0])
+			}
+		}
+		out = append(out, fns)
+	}
+	l.batches = nil
+	l.current = map[*pgx.Conn]int{}
+	return out
+}
+
+// A new key whose first unit goes whole (every statement queued) is
+// recorded by the first statement of that unit's batch, which also takes
+// the claim's lock (migration 020): no claim of its own, so one statement
+// fewer than a unit that sends before its commit, which claims first. On
+// a schema without migration 020 (MinVersion), the unit claims first.
+func TestANewKeyIsRecordedAtTheHeadOfItsUnit(t *testing.T) {
+	atomicphasetest.SkipOnCitus(t, "units are sent inside BEGIN and COMMIT there, and claim first")
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		target int // the migration the database is at; 0 for all
+		want   []string
+	}{
+		{"all migrations", 0, []string{"atomicphase_record_first", "INSERT"}},
+		{"MinVersion", atomicphase.MinVersion, []string{"atomicphase_claim", "INSERT", "atomicphase_record_unit"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			log := &batchLog{}
+			opts := *unmigratedDBOpts
+			opts.PoolConfig = func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = log }
+			db := atomicphasetest.NewDB(t, &opts)
+			ctx := context.Background()
+			_, err := atomicphase.Migrate(ctx, db.Pool, &atomicphase.MigrateOpts{TargetVersion: tc.target})
+			require.NoError(t, err)
+			r, err := atomicphase.NewRunner(db.Pool, nil)
+			require.NoError(t, err)
+			wf := atomicphase.MustWorkflow("whole", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
+				atomicphase.Local("only", func(_ context.Context, tx atomicphase.Tx, _ *struct{}) (atomicphase.Outcome, error) {
+					tx.Queue(`INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'only')`)
+					return atomicphase.Respond(201, []byte("ok")), nil
+				}),
+			}, nil)
+			req := func(key string) atomicphase.Request {
+				return atomicphase.Request{Scope: "u", Key: key, Method: "POST", Path: "/w"}
+			}
+			// The first request learns what the database offers (its
+			// recording of the versions).
+			_, err = r.Run(ctx, wf, req("first"))
+			require.NoError(t, err)
+			log.calls()
+
+			resp, err := r.Run(ctx, wf, req("k"))
+			require.NoError(t, err)
+			require.Equal(t, 201, resp.Status)
+			require.Equal(t, [][]string{tc.want}, log.calls(), "the new key's one batch")
+			var n int
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE scope = 'u' AND idempotency_key = 'k' AND response_status = 201`).Scan(&n))
+			require.Equal(t, 1, n, "the key is recorded, finished")
+
+			// A retry is a replay; the unit's write happened once.
+			resp, err = r.Run(ctx, wf, req("k"))
+			require.NoError(t, err)
+			require.True(t, resp.Replayed)
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&n))
+			require.Equal(t, 2, n, "the unit's write, once per new key (two keys)")
+		})
+	}
+}
+
+// Duplicates of a new key recorded at the head of its unit are refused at
+// once (409), as the claim refuses them, while the first request's unit
+// still runs: its batch waits on a row the test holds, after the key's
+// insert took the claim's lock. They do not wait on the uncommitted key.
+func TestDuplicatesOfAKeyRecordedAtTheHeadOfItsUnitAreRefusedAtOnce(t *testing.T) {
+	atomicphasetest.SkipOnCitus(t, "units are sent inside BEGIN and COMMIT there, and claim first")
+	t.Parallel()
+	log := &batchLog{}
+	opts := *testDBOpts
+	opts.PoolConfig = func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = log }
+	db := atomicphasetest.NewDB(t, &opts)
+	ctx := context.Background()
+	r, err := atomicphase.NewRunner(db.Pool, nil)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO effects (scope, key, phase) VALUES ('lock', 'k', 'held')`)
+	require.NoError(t, err)
+	wf := atomicphase.MustWorkflow("whole", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
+		atomicphase.Local("only", func(_ context.Context, tx atomicphase.Tx, _ *struct{}) (atomicphase.Outcome, error) {
+			tx.Queue(`UPDATE effects SET note = 'first' WHERE scope = 'lock'`)
+			return atomicphase.Respond(201, []byte("ok")), nil
+		}),
+	}, nil)
+	req := func(key string) atomicphase.Request {
+		return atomicphase.Request{Scope: "u", Key: key, Method: "POST", Path: "/w"}
+	}
+	_, err = r.Run(ctx, wf, req("warm")) // learns what the database offers
+	require.NoError(t, err)
+	log.calls()
+
+	hold, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer hold.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
+	_, err = hold.Exec(ctx, `SELECT FROM effects WHERE scope = 'lock' FOR UPDATE`)
+	require.NoError(t, err)
+	first := make(chan error, 1)
+	go func() {
+		_, err := r.Run(ctx, wf, req("k"))
+		first <- err
+	}()
+	// The first request's batch waits on the row the test holds.
+	var holdPID int
+	require.NoError(t, hold.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holdPID))
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))`, holdPID).Scan(&waiting)
+		return err == nil && waiting
+	}, time.Minute, 10*time.Millisecond)
+
+	dups := make(chan error, 3)
+	for range 3 {
+		go func() {
+			_, err := r.Run(ctx, wf, req("k"))
+			dups <- err
+		}()
+	}
+	for range 3 {
+		select {
+		case err := <-dups:
+			var ip *atomicphase.InProgressError
+			require.ErrorAs(t, err, &ip, "a duplicate of a key being recorded is in progress")
+		case <-time.After(30 * time.Second):
+			t.Fatal("a duplicate waited on the first request's transaction")
+		}
+	}
+	select {
+	case err := <-first:
+		t.Fatalf("the first request returned while its unit waited: %v", err)
+	default:
+	}
+	require.NoError(t, hold.Rollback(ctx))
+	require.NoError(t, <-first)
+	for _, b := range log.calls()[:1] {
+		require.Equal(t, []string{"atomicphase_record_first", "UPDATE"}, b, "the first request's unit recorded its key at its head")
+	}
+	var notes int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE scope = 'lock' AND note = 'first'`).Scan(&notes))
+	require.Equal(t, 1, notes)
+	resp, err := r.Run(ctx, wf, req("k"))
+	require.NoError(t, err)
+	require.True(t, resp.Replayed)
+}
