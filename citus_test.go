@@ -80,7 +80,7 @@ func TestMigrateDistributesOnCitus(t *testing.T) {
 		"atomicphase_acquire by p_scope", "atomicphase_admit by p_scope", "atomicphase_admit by p_scope",
 		"atomicphase_checkpoint by p_scope, forced", "atomicphase_claim by p_scope, forced",
 		"atomicphase_record by p_scope, forced", "atomicphase_record by p_scope, forced", "atomicphase_record by p_scope, forced",
-		"atomicphase_record_resolution by p_scope", "atomicphase_record_unit by p_scope, forced",
+		"atomicphase_record_first by p_scope, forced", "atomicphase_record_resolution by p_scope", "atomicphase_record_unit by p_scope, forced",
 		"atomicphase_record_verdict by p_scope",
 		"atomicphase_release by p_scope", "atomicphase_release by p_scope", "atomicphase_release by p_scope",
 		"atomicphase_renew by p_scope",
@@ -321,8 +321,9 @@ func TestNewestMigrationAppliesOnADistributedKeyTable(t *testing.T) {
 }
 
 // The rollout's first step on Citus: migrate to what this release needs,
-// before migration 019 adds the history, and distribute; then the rest,
-// which distributes the history beside the keys.
+// before migration 019 adds the history and 020 the function that records
+// a key at the head of its unit, and distribute; then the rest, which
+// distributes the history beside the keys, and the function.
 func TestMigrateToMinVersionOnCitus(t *testing.T) {
 	t.Parallel()
 	skipUnlessCitus(t)
@@ -340,5 +341,9 @@ func TestMigrateToMinVersionOnCitus(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, applied)
 	require.True(t, distributed("atomicphase_key_history"))
+	var recordFirst bool
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_dist_object
+		WHERE classid = 'pg_proc'::regclass AND objid = 'atomicphase_record_first(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)'::regprocedure)`).Scan(&recordFirst))
+	require.True(t, recordFirst, "migration 020's function, left out at MinVersion, is distributed once it exists")
 	require.NoError(t, b.runner.CheckSchema(b.ctx))
 }

@@ -62,7 +62,8 @@ const unsafeTriggers = "SET citus.enable_unsafe_triggers = on"
 // MigrateOpts.Citus runs after the migrations (skipping a table that is
 // distributed already). Run them yourself after your own migration tool
 // applied the migrations (and again after any migration that recreates a
-// function).
+// function). On a schema before migration 020, leave out the statement
+// for atomicphase_record_first, which does not exist there yet.
 func CitusDistribution(schema string) []string {
 	table := quoteLiteral(qualifiedName(schema, "idempotency_keys"))
 	stmts := []string{unsafeTriggers, fmt.Sprintf("SELECT create_distributed_table(%s, 'scope')", table),
@@ -113,19 +114,21 @@ func DistributeOnCitus(ctx context.Context, db Beginner, schema string) error {
 		}
 	}
 	// A function already distributed as it should be is left alone, so
-	// that processes starting together do not all rewrite its metadata.
+	// that processes starting together do not all rewrite its metadata;
+	// so is an optional one the schema does not have yet (a migration
+	// target before it).
 	done := map[string]bool{}
 	for _, f := range citusFunctions {
-		var ok bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_dist_object
-			WHERE classid = 'pg_proc'::regclass AND objid = $1::regprocedure
+		var exists, ok bool
+		if err := tx.QueryRow(ctx, `SELECT to_regprocedure($1) IS NOT NULL, EXISTS (SELECT FROM pg_dist_object
+			WHERE classid = 'pg_proc'::regclass AND objid = to_regprocedure($1)
 			  AND distribution_argument_index = 0 AND colocationid = (
 			      SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = $2::regclass)
 			  AND force_delegation IS NOT DISTINCT FROM $3)`,
-			qualifiedName(schema, f.signature), qualifiedName(schema, "idempotency_keys"), f.force).Scan(&ok); err != nil {
+			qualifiedName(schema, f.signature), qualifiedName(schema, "idempotency_keys"), f.force).Scan(&exists, &ok); err != nil {
 			return err
 		}
-		done[f.signature] = ok
+		done[f.signature] = ok || f.optional && !exists
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return err
