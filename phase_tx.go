@@ -133,7 +133,7 @@ func (t *phaseTx) implicit() bool {
 // the transaction's last batch, sent implicitly (the caller then queues no
 // COMMIT), whose statements run in one implicit transaction that the
 // server commits after the last of them, or rolls back whole when one
-// fails. One PostgreSQL only: see keystore.Store.OnCitus.
+// fails. One PostgreSQL only: see keystore.Store.Features.
 func (t *phaseTx) sendBatch(ctx context.Context, mayBegin bool, tail func(*pgx.Batch)) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
 	begin := t.tx == nil && mayBegin

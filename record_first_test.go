@@ -213,3 +213,51 @@ func TestDuplicatesOfAKeyRecordedAtTheHeadOfItsUnitAreRefusedAtOnce(t *testing.T
 	require.NoError(t, err)
 	require.True(t, resp.Replayed)
 }
+
+// A Runner that learnt migration 020 is applied and then meets a database
+// without it (a pool of an older schema behind a Router, 020 rolled back)
+// takes the key on its own, as one recorded meanwhile, and runs the
+// request: nothing of the failed batch ran, and the key is not parked.
+// Its next new keys are claimed first.
+func TestARecordingWithoutItsFunctionTakesTheKeyOnItsOwn(t *testing.T) {
+	atomicphasetest.SkipOnCitus(t, "units are sent inside BEGIN and COMMIT there, and claim first")
+	t.Parallel()
+	log := &batchLog{}
+	opts := *testDBOpts
+	opts.PoolConfig = func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = log }
+	db := atomicphasetest.NewDB(t, &opts)
+	ctx := context.Background()
+	r, err := atomicphase.NewRunner(db.Pool, nil)
+	require.NoError(t, err)
+	wf := atomicphase.MustWorkflow("whole", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
+		atomicphase.Local("only", func(_ context.Context, tx atomicphase.Tx, _ *struct{}) (atomicphase.Outcome, error) {
+			tx.Queue(`INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'only')`)
+			return atomicphase.Respond(201, []byte("ok")), nil
+		}),
+	}, nil)
+	req := func(key string) atomicphase.Request {
+		return atomicphase.Request{Scope: "u", Key: key, Method: "POST", Path: "/w"}
+	}
+	_, err = r.Run(ctx, wf, req("warm")) // learns that migration 020 is applied
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `DROP FUNCTION atomicphase_record_first(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)`)
+	require.NoError(t, err)
+	log.calls()
+
+	resp, err := r.Run(ctx, wf, req("k"))
+	require.NoError(t, err)
+	require.Equal(t, 201, resp.Status)
+	calls := log.calls()
+	require.NotEmpty(t, calls)
+	require.Equal(t, "atomicphase_record_first", calls[0][0], "the unit went with the key's insert at its head, and failed")
+	info, err := r.Inspect(ctx, "u", "k")
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.KeyFinished, info.Status)
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE scope = 'u'`).Scan(&n))
+	require.Equal(t, 2, n, "the unit's write once per key ('warm' and 'k')")
+
+	_, err = r.Run(ctx, wf, req("k2"))
+	require.NoError(t, err)
+	require.Equal(t, [][]string{{"atomicphase_claim", "INSERT", "atomicphase_record_unit"}}, log.calls(), "the next new key is claimed first")
+}

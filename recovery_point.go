@@ -3,6 +3,7 @@ package atomicphase
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -138,6 +139,12 @@ func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *c
 	}
 	if keystore.IsLockLost(err) {
 		return ErrLockLost
+	}
+	if first && errors.Is(err, keystore.ErrRecordFirstMissing) {
+		// This key's pool lacks migration 020: claim first again, until
+		// the next announcement finds the function (and the attempt takes
+		// the key on its own, as one recorded meanwhile).
+		a.r.recordFirst.Store(false)
 	}
 	return err
 }

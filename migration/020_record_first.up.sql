@@ -13,8 +13,14 @@ CREATE FUNCTION /* TEMPLATE: schema */atomicphase_record_first(
     p_status integer, p_header jsonb, p_body bytea
 ) RETURNS TABLE (downstream_salt uuid) LANGUAGE plpgsql AS $$
 DECLARE
-    v_now timestamptz := clock_timestamp();
+    v_now timestamptz;
 BEGIN
+    -- The transaction's id before the key's times: a sweep that plans its
+    -- watermark after created_at was read waits for this transaction,
+    -- which now runs the whole unit after it (atomicphase_record_unit
+    -- runs last, after the unit's statements took an id).
+    PERFORM txid_current();
+    v_now := clock_timestamp();
     IF NOT pg_try_advisory_xact_lock(hashtextextended(p_scope || chr(31) || p_key, 7)) THEN
         RAISE EXCEPTION 'idempotency key % is being recorded by another request', p_key
             USING ERRCODE = 'AP002';

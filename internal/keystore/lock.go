@@ -3,8 +3,11 @@ package keystore
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -179,7 +182,8 @@ type Peeked struct {
 	// failure: a retry is answered at once, whatever call mark is left.)
 }
 
-// Peek reads a request's key. found is false when the key does not exist.
+// Peek reads a request's key, given as NewKeyArgs made it (its scope, key
+// and fingerprint boxed). found is false when the key does not exist.
 //
 // It is the whole of a replay, so it scans into one value (one allocation
 // for every target and the pointers it returns into), and passes the lock
@@ -255,7 +259,8 @@ const RecordedMeanwhileCode = "AP003"
 
 // Recording is a new key's recording: claimed at the head of the first
 // unit's transaction (Queue, Read), inserted with the unit's checkpoint at
-// its commit (Final, ReadFinal), or sent again on its own (RecordAgain)
+// its commit (Final, ReadFinal), or both at once at the head of a unit
+// sent whole (QueueRecord, Read), or sent again on its own (RecordAgain)
 // when that transaction did not commit.
 type Recording struct {
 	sql string
@@ -273,9 +278,10 @@ type Recording struct {
 	// needs, in the round trip that was to record the key.
 	Found *Peeked
 	// Sent and Recorded say how its latest sending went: Sent is set once
-	// the server answered the claim, Recorded when that answer was that
-	// the key is ours to record (false: the key existed, or another
-	// request was recording it).
+	// the server answered the claim (or the insert that went in its place,
+	// QueueRecord), Recorded when that answer was that the key is ours to
+	// record (false: the key existed, or another request was recording
+	// it, or that insert's function is missing).
 	Sent, Recorded bool
 	// Announced is set by the caller once the key's creation was reported.
 	Announced bool
@@ -285,6 +291,12 @@ type Recording struct {
 	// batch, as the final insert itself (QueueRecord), with no claim.
 	first bool
 }
+
+// ErrRecordFirstMissing is a recording's answer when it went at the head
+// of its unit (QueueRecord) on a database without migration 020: the
+// batch did nothing, and the caller stops recording keys that way until
+// Store.Features finds the function again.
+var ErrRecordFirstMissing = errors.New("atomicphase: atomicphase_record_first does not exist")
 
 // ErrNotRecorded is a recording's answer when the key existed: the attempt
 // ran on the assumption of a new key, and the key is acquired on its own
@@ -385,8 +397,15 @@ func (rec *Recording) Read(br pgx.BatchResults) error {
 		// The final insert went in the claim's place (QueueRecord).
 		if err := rec.ReadFinal(br); err != nil {
 			var pgErr *pgconn.PgError
-			rec.Sent = errors.Is(err, ErrNotRecorded) ||
-				errors.As(err, &pgErr) && pgErr.Code == RecordingInFlightCode
+			isPg := errors.As(err, &pgErr)
+			if isPg && pgErr.Code == pgerrcode.UndefinedFunction && strings.Contains(pgErr.Message, "atomicphase_record_first") {
+				// Not on this database (a pool at an older schema than the
+				// one Store.Features asked): nothing of the batch ran, and
+				// the key is taken on its own, as one that exists.
+				rec.Sent = true
+				return fmt.Errorf("%w: %w", ErrRecordFirstMissing, err)
+			}
+			rec.Sent = errors.Is(err, ErrNotRecorded) || isPg && pgErr.Code == RecordingInFlightCode
 			return err
 		}
 		rec.Sent, rec.Recorded = true, true
