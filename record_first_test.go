@@ -261,3 +261,117 @@ func TestARecordingWithoutItsFunctionTakesTheKeyOnItsOwn(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, [][]string{{"atomicphase_claim", "INSERT", "atomicphase_record_unit"}}, log.calls(), "the next new key is claimed first")
 }
+
+// postKey is a POST of key in scope u.
+func postKey(key string) atomicphase.Request {
+	return atomicphase.Request{Scope: "u", Key: key, Method: "POST", Path: "/w"}
+}
+
+// recordFirstDB is a database migrated to target (0 for all), with setup
+// run on it, and a Runner on it whose pool's batches log records.
+func recordFirstDB(t *testing.T, target int, setup string) (*atomicphasetest.DB, *atomicphase.Runner, *batchLog) {
+	t.Helper()
+	log := &batchLog{}
+	opts := *unmigratedDBOpts
+	opts.PoolConfig = func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = log }
+	db := atomicphasetest.NewDB(t, &opts)
+	ctx := context.Background()
+	_, err := atomicphase.Migrate(ctx, db.Pool, &atomicphase.MigrateOpts{TargetVersion: target})
+	require.NoError(t, err)
+	if setup != "" {
+		_, err = db.Pool.Exec(ctx, setup)
+		require.NoError(t, err)
+	}
+	r, err := atomicphase.NewRunner(db.Pool, nil)
+	require.NoError(t, err)
+	return db, r, log
+}
+
+// queuing is a workflow of one local phase that queues stmts and responds.
+func queuing(name string, stmts ...string) *atomicphase.Workflow[struct{}] {
+	return atomicphase.MustWorkflow(name, startEmpty[struct{}], []atomicphase.Phase[struct{}]{
+		atomicphase.Local("only", func(_ context.Context, tx atomicphase.Tx, _ *struct{}) (atomicphase.Outcome, error) {
+			for _, s := range stmts {
+				tx.Queue(s)
+			}
+			return atomicphase.Respond(201, []byte("ok")), nil
+		}),
+	}, nil)
+}
+
+// A key recorded at the head of its unit commits with the unit or not at
+// all: a statement of the unit that fails after the insert (the data
+// refused: 422, stored on its own), a serialization failure (the unit is
+// retried, and records the key at its head again), and a connection that
+// dies after the insert leave no write of the unit behind; the request, or
+// its retry, writes once.
+func TestARecordingAtTheHeadOfItsUnitCommitsWithIt(t *testing.T) {
+	atomicphasetest.SkipOnCitus(t, "units are sent inside BEGIN and COMMIT there, and claim first")
+	t.Parallel()
+	const effect = `INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'head')`
+	for _, tc := range []struct {
+		name, setup, then string
+		status            int  // the answer, once it comes
+		lost              bool // the first try fails; its retry answers
+		effects           int
+	}{
+		{"a statement fails", "", `SELECT 1/0`, 422, false, 0},
+		{"a serialization failure", `CREATE SEQUENCE flaky; CREATE FUNCTION flaky() RETURNS int LANGUAGE plpgsql AS $$
+			BEGIN IF nextval('flaky') = 1 THEN RAISE EXCEPTION 'flaky' USING ERRCODE = '40001'; END IF; RETURN 1; END $$`,
+			`SELECT flaky()`, 201, false, 1},
+		{"the connection dies", `CREATE SEQUENCE killed; CREATE FUNCTION kill_once() RETURNS int LANGUAGE plpgsql AS $$
+			BEGIN IF nextval('killed') = 1 THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF; RETURN 1; END $$`,
+			`SELECT kill_once()`, 201, true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db, r, log := recordFirstDB(t, 0, tc.setup)
+			ctx := context.Background()
+			effects := func() int {
+				var n int
+				require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE phase = 'head'`).Scan(&n))
+				return n
+			}
+			_, err := r.Run(ctx, queuing("warm"), postKey("warm")) // learns that migration 020 is applied
+			require.NoError(t, err)
+			log.calls()
+			wf := queuing("head", effect, tc.then)
+			resp, err := r.Run(ctx, wf, postKey("k"))
+			require.Equal(t, "atomicphase_record_first", log.calls()[0][0], "the key's insert headed the unit")
+			if tc.lost {
+				require.Error(t, err)
+				require.Zero(t, effects(), "nothing of the unit committed")
+				resp, err = r.Run(ctx, wf, postKey("k"))
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.status, resp.Status)
+			require.Equal(t, tc.effects, effects(), "the unit's write, once, or not at all")
+			resp, err = r.Run(ctx, wf, postKey("k"))
+			require.NoError(t, err)
+			require.True(t, resp.Replayed)
+			require.Equal(t, tc.status, resp.Status)
+			require.Equal(t, tc.effects, effects())
+		})
+	}
+}
+
+// A Runner started on a schema before migration 020 claims first; once
+// 020 is applied it records keys at the head of their units from its next
+// recording of its versions (each sweep does one).
+func TestARunnerRecordsAtTheHeadOnceMigration020IsApplied(t *testing.T) {
+	atomicphasetest.SkipOnCitus(t, "units are sent inside BEGIN and COMMIT there, and claim first")
+	t.Parallel()
+	db, r, log := recordFirstDB(t, 19, "")
+	ctx := context.Background()
+	wf := queuing("later", `INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'later')`)
+	_, err := r.Run(ctx, wf, postKey("a"))
+	require.NoError(t, err)
+	require.Equal(t, [][]string{{"atomicphase_claim", "INSERT", "atomicphase_record_unit"}}, log.calls())
+	_, err = atomicphase.Migrate(ctx, db.Pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, r.RecordVersions(ctx))
+	log.calls()
+	_, err = r.Run(ctx, wf, postKey("b"))
+	require.NoError(t, err)
+	require.Equal(t, [][]string{{"atomicphase_record_first", "INSERT"}}, log.calls())
+}
