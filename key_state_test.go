@@ -50,8 +50,16 @@ func (f *modelFaults) set(crashAt string, permanent bool) {
 }
 
 // modelWorkflow: prepare (local), pay (foreign, through the bank, with a
-// reconcile function), done (local, responds).
+// reconcile function), done (local, responds), each phase committing on
+// its own.
 func modelWorkflow(bk *bank, f *modelFaults) *atomicphase.Workflow[payout] {
+	return modelWorkflowOf(bk, f, &atomicphase.WorkflowOpts{CommitEachPhase: true})
+}
+
+// modelWorkflowOf is modelWorkflow with opts: nil fuses a new key's
+// recording with prepare, in one unit whose batch the key's insert heads
+// (atomicphase_record_first).
+func modelWorkflowOf(bk *bank, f *modelFaults, opts *atomicphase.WorkflowOpts) *atomicphase.Workflow[payout] {
 	return atomicphase.MustWorkflow("model", startEmpty[payout], []atomicphase.Phase[payout]{
 		atomicphase.Local("prepare", func(context.Context, atomicphase.Tx, *payout) (atomicphase.Outcome, error) {
 			if f.transient.Load() {
@@ -79,7 +87,7 @@ func modelWorkflow(bk *bank, f *modelFaults) *atomicphase.Workflow[payout] {
 			}
 			return atomicphase.Respond(201, []byte("paid")), nil
 		}),
-	}, &atomicphase.WorkflowOpts{CommitEachPhase: true})
+	}, opts)
 }
 
 func TestKeyStatesFollowTheTable(t *testing.T) {
@@ -87,12 +95,20 @@ func TestKeyStatesFollowTheTable(t *testing.T) {
 	for seed := uint64(1); seed <= 24; seed++ {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			t.Parallel()
-			runKeyModel(t, seed, 40)
+			runKeyModel(t, seed, 40, &atomicphase.WorkflowOpts{CommitEachPhase: true})
+		})
+	}
+	// The same with a new key recorded in prepare's unit: on one
+	// PostgreSQL, by the insert heading that unit's batch.
+	for seed := uint64(101); seed <= 112; seed++ {
+		t.Run(fmt.Sprintf("fused/seed=%d", seed), func(t *testing.T) {
+			t.Parallel()
+			runKeyModel(t, seed, 40, nil)
 		})
 	}
 }
 
-func runKeyModel(t *testing.T, seed uint64, steps int) {
+func runKeyModel(t *testing.T, seed uint64, steps int, opts *atomicphase.WorkflowOpts) {
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 	var faults modelFaults
 	faults.set("", false)
@@ -112,7 +128,7 @@ func runKeyModel(t *testing.T, seed uint64, steps int) {
 			return nil
 		})})
 	bk := newBank()
-	wf := modelWorkflow(bk, &faults)
+	wf := modelWorkflowOf(bk, &faults, opts)
 	require.NoError(t, b.runner.Register(wf))
 	// The sweep's own reaps are left to the reap steps (a sweep that
 	// finished a key and reaped it at once would show as one step).

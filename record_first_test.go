@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -376,4 +377,47 @@ func TestARunnerRecordsAtTheHeadOnceMigration020IsApplied(t *testing.T) {
 	_, err = r.Run(ctx, wf, postKey("b"))
 	require.NoError(t, err)
 	require.Equal(t, [][]string{{"atomicphase_record_first", "INSERT"}}, log.calls())
+}
+
+// A key another request recorded, and finished, after this request read
+// it and before its unit: the insert heading the unit finds it, so none
+// of the unit's statements runs, and the request is answered as a replay.
+func TestAKeyRecordedMeanwhileStopsTheUnitAtItsHead(t *testing.T) {
+	atomicphasetest.SkipOnCitus(t, "units are sent inside BEGIN and COMMIT there, and claim first")
+	t.Parallel()
+	db, r, log := recordFirstDB(t, 0, "")
+	ctx := context.Background()
+	_, err := r.Run(ctx, queuing("warm"), postKey("warm")) // learns that migration 020 is applied
+	require.NoError(t, err)
+	var inner atomic.Bool
+	var wf *atomicphase.Workflow[struct{}]
+	wf = atomicphase.MustWorkflow("meanwhile", func(struct{}, *atomicphase.Request) (struct{}, error) {
+		// Run once the key was read (a new key's initial state is built
+		// after its read): the other request records and finishes it.
+		if inner.CompareAndSwap(false, true) {
+			if _, err := r.Run(ctx, wf, postKey("k")); err != nil {
+				return struct{}{}, err
+			}
+		}
+		return struct{}{}, nil
+	}, []atomicphase.Phase[struct{}]{
+		atomicphase.Local("only", func(_ context.Context, tx atomicphase.Tx, _ *struct{}) (atomicphase.Outcome, error) {
+			tx.Queue(`INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'meanwhile')`)
+			return atomicphase.Respond(201, []byte("ok")), nil
+		}),
+	}, nil)
+	log.calls()
+	resp, err := r.Run(ctx, wf, postKey("k"))
+	require.NoError(t, err)
+	require.True(t, resp.Replayed, "answered with the other request's response")
+	var heads int
+	for _, b := range log.calls() {
+		if len(b) > 0 && b[0] == "atomicphase_record_first" {
+			heads++
+		}
+	}
+	require.Equal(t, 2, heads, "both requests' units went with the key's insert at their head")
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE phase = 'meanwhile'`).Scan(&n))
+	require.Equal(t, 1, n, "the unit's write, once")
 }
