@@ -14,6 +14,7 @@ import (
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/atomicphasetest"
+	"github.com/atomicphase/atomicphase/internal/keystore"
 )
 
 // batchLog is a pgx tracer keeping the statements of every batch sent,
@@ -344,6 +345,10 @@ func TestARecordingAtTheHeadOfItsUnitCommitsWithIt(t *testing.T) {
 			if tc.lost {
 				require.Error(t, err)
 				require.Zero(t, effects(), "nothing of the unit committed")
+				// The failed attempt's lock and backoff (if the key was
+				// recorded, to keep the error) are over: the retry is due.
+				require.NoError(t, atomicphasetest.AgeLocks(ctx, db.Pool, time.Hour))
+				require.NoError(t, keystore.AgeBackoffs(ctx, db.Pool, ""))
 				resp, err = r.Run(ctx, wf, postKey("k"))
 			}
 			require.NoError(t, err)
