@@ -74,198 +74,6 @@ func (l *batchLog) calls() [][]string {
 	return out
 }
 
-// A new key whose first unit goes whole (every statement queued) is
-// recorded by the first statement of that unit's batch, which also takes
-// the claim's lock (migration 020): no claim of its own, so one statement
-// fewer than a unit that sends before its commit, which claims first. On
-// a schema without migration 020 (MinVersion), the unit claims first.
-func TestANewKeyIsRecordedAtTheHeadOfItsUnit(t *testing.T) {
-	atomicphasetest.SkipOnCitus(t, "units are sent inside BEGIN and COMMIT there, and claim first")
-	t.Parallel()
-	for _, tc := range []struct {
-		name   string
-		target int // the migration the database is at; 0 for all
-		want   []string
-	}{
-		{"all migrations", 0, []string{"atomicphase_record_first", "INSERT"}},
-		{"MinVersion", atomicphase.MinVersion, []string{"atomicphase_claim", "INSERT", "atomicphase_record_unit"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			log := &batchLog{}
-			opts := *unmigratedDBOpts
-			opts.PoolConfig = func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = log }
-			db := atomicphasetest.NewDB(t, &opts)
-			ctx := context.Background()
-			_, err := atomicphase.Migrate(ctx, db.Pool, &atomicphase.MigrateOpts{TargetVersion: tc.target})
-			require.NoError(t, err)
-			r, err := atomicphase.NewRunner(db.Pool, nil)
-			require.NoError(t, err)
-			wf := atomicphase.MustWorkflow("whole", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
-				atomicphase.Local("only", func(_ context.Context, tx atomicphase.Tx, _ *struct{}) (atomicphase.Outcome, error) {
-					tx.Queue(`INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'only')`)
-					return atomicphase.Respond(201, []byte("ok")), nil
-				}),
-			}, nil)
-			req := func(key string) atomicphase.Request {
-				return atomicphase.Request{Scope: "u", Key: key, Method: "POST", Path: "/w"}
-			}
-			// The first request learns what the database offers (its
-			// recording of the versions).
-			_, err = r.Run(ctx, wf, req("first"))
-			require.NoError(t, err)
-			log.calls()
-
-			resp, err := r.Run(ctx, wf, req("k"))
-			require.NoError(t, err)
-			require.Equal(t, 201, resp.Status)
-			require.Equal(t, [][]string{tc.want}, log.calls(), "the new key's one batch")
-			var n int
-			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE scope = 'u' AND idempotency_key = 'k' AND response_status = 201`).Scan(&n))
-			require.Equal(t, 1, n, "the key is recorded, finished")
-
-			// A retry is a replay; the unit's write happened once.
-			resp, err = r.Run(ctx, wf, req("k"))
-			require.NoError(t, err)
-			require.True(t, resp.Replayed)
-			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&n))
-			require.Equal(t, 2, n, "the unit's write, once per new key (two keys)")
-		})
-	}
-}
-
-// Duplicates of a new key recorded at the head of its unit are refused at
-// once (409), as the claim refuses them, while the first request's unit
-// still runs: its batch waits on a row the test holds, after the key's
-// insert took the claim's lock. They do not wait on the uncommitted key.
-func TestDuplicatesOfAKeyRecordedAtTheHeadOfItsUnitAreRefusedAtOnce(t *testing.T) {
-	atomicphasetest.SkipOnCitus(t, "units are sent inside BEGIN and COMMIT there, and claim first")
-	t.Parallel()
-	log := &batchLog{}
-	opts := *testDBOpts
-	opts.PoolConfig = func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = log }
-	db := atomicphasetest.NewDB(t, &opts)
-	ctx := context.Background()
-	r, err := atomicphase.NewRunner(db.Pool, nil)
-	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `INSERT INTO effects (scope, key, phase) VALUES ('lock', 'k', 'held')`)
-	require.NoError(t, err)
-	wf := atomicphase.MustWorkflow("whole", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
-		atomicphase.Local("only", func(_ context.Context, tx atomicphase.Tx, _ *struct{}) (atomicphase.Outcome, error) {
-			tx.Queue(`UPDATE effects SET note = 'first' WHERE scope = 'lock'`)
-			return atomicphase.Respond(201, []byte("ok")), nil
-		}),
-	}, nil)
-	req := func(key string) atomicphase.Request {
-		return atomicphase.Request{Scope: "u", Key: key, Method: "POST", Path: "/w"}
-	}
-	_, err = r.Run(ctx, wf, req("warm")) // learns what the database offers
-	require.NoError(t, err)
-	log.calls()
-
-	hold, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer hold.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
-	_, err = hold.Exec(ctx, `SELECT FROM effects WHERE scope = 'lock' FOR UPDATE`)
-	require.NoError(t, err)
-	first := make(chan error, 1)
-	go func() {
-		_, err := r.Run(ctx, wf, req("k"))
-		first <- err
-	}()
-	// The first request's batch waits on the row the test holds.
-	var holdPID int
-	require.NoError(t, hold.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holdPID))
-	require.Eventually(t, func() bool {
-		var waiting bool
-		err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))`, holdPID).Scan(&waiting)
-		return err == nil && waiting
-	}, time.Minute, 10*time.Millisecond)
-
-	dups := make(chan error, 3)
-	for range 3 {
-		go func() {
-			_, err := r.Run(ctx, wf, req("k"))
-			dups <- err
-		}()
-	}
-	for range 3 {
-		select {
-		case err := <-dups:
-			var ip *atomicphase.InProgressError
-			require.ErrorAs(t, err, &ip, "a duplicate of a key being recorded is in progress")
-		case <-time.After(30 * time.Second):
-			t.Fatal("a duplicate waited on the first request's transaction")
-		}
-	}
-	select {
-	case err := <-first:
-		t.Fatalf("the first request returned while its unit waited: %v", err)
-	default:
-	}
-	require.NoError(t, hold.Rollback(ctx))
-	require.NoError(t, <-first)
-	for _, b := range log.calls()[:1] {
-		require.Equal(t, []string{"atomicphase_record_first", "UPDATE"}, b, "the first request's unit recorded its key at its head")
-	}
-	var notes int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE scope = 'lock' AND note = 'first'`).Scan(&notes))
-	require.Equal(t, 1, notes)
-	resp, err := r.Run(ctx, wf, req("k"))
-	require.NoError(t, err)
-	require.True(t, resp.Replayed)
-}
-
-// A Runner that learnt migration 020 is applied and then meets a database
-// without it (a pool of an older schema behind a Router, 020 rolled back)
-// takes the key on its own, as one recorded meanwhile, and runs the
-// request: nothing of the failed batch ran, and the key is not parked.
-// Its next new keys are claimed first.
-func TestARecordingWithoutItsFunctionTakesTheKeyOnItsOwn(t *testing.T) {
-	atomicphasetest.SkipOnCitus(t, "units are sent inside BEGIN and COMMIT there, and claim first")
-	t.Parallel()
-	log := &batchLog{}
-	opts := *testDBOpts
-	opts.PoolConfig = func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = log }
-	db := atomicphasetest.NewDB(t, &opts)
-	ctx := context.Background()
-	r, err := atomicphase.NewRunner(db.Pool, nil)
-	require.NoError(t, err)
-	wf := atomicphase.MustWorkflow("whole", startEmpty[struct{}], []atomicphase.Phase[struct{}]{
-		atomicphase.Local("only", func(_ context.Context, tx atomicphase.Tx, _ *struct{}) (atomicphase.Outcome, error) {
-			tx.Queue(`INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'only')`)
-			return atomicphase.Respond(201, []byte("ok")), nil
-		}),
-	}, nil)
-	req := func(key string) atomicphase.Request {
-		return atomicphase.Request{Scope: "u", Key: key, Method: "POST", Path: "/w"}
-	}
-	_, err = r.Run(ctx, wf, req("warm")) // learns that migration 020 is applied
-	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `DROP FUNCTION atomicphase_record_first(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)`)
-	require.NoError(t, err)
-	log.calls()
-
-	resp, err := r.Run(ctx, wf, req("k"))
-	require.NoError(t, err)
-	require.Equal(t, 201, resp.Status)
-	// The unit went with the key's insert at its head, and failed (in the
-	// exec modes that describe a batch first, before any statement ran).
-	if calls := log.calls(); len(calls) > 0 && len(calls[0]) > 0 {
-		require.Equal(t, "atomicphase_record_first", calls[0][0])
-	}
-	info, err := r.Inspect(ctx, "u", "k")
-	require.NoError(t, err)
-	require.Equal(t, atomicphase.KeyFinished, info.Status)
-	var n int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE scope = 'u'`).Scan(&n))
-	require.Equal(t, 2, n, "the unit's write once per key ('warm' and 'k')")
-
-	_, err = r.Run(ctx, wf, req("k2"))
-	require.NoError(t, err)
-	require.Equal(t, [][]string{{"atomicphase_claim", "INSERT", "atomicphase_record_unit"}}, log.calls(), "the next new key is claimed first")
-}
-
 // postKey is a POST of key in scope u.
 func postKey(key string) atomicphase.Request {
 	return atomicphase.Request{Scope: "u", Key: key, Method: "POST", Path: "/w"}
@@ -301,6 +109,157 @@ func queuing(name string, stmts ...string) *atomicphase.Workflow[struct{}] {
 			return atomicphase.Respond(201, []byte("ok")), nil
 		}),
 	}, nil)
+}
+
+// A new key whose first unit goes whole (every statement queued) is
+// recorded by the first statement of that unit's batch, which also takes
+// the claim's lock (migration 020): no claim of its own, so one statement
+// fewer than a unit that sends before its commit, which claims first. On
+// a schema without migration 020 (MinVersion), the unit claims first.
+func TestANewKeyIsRecordedAtTheHeadOfItsUnit(t *testing.T) {
+	atomicphasetest.SkipOnCitus(t, "units are sent inside BEGIN and COMMIT there, and claim first")
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		target int // the migration the database is at; 0 for all
+		want   []string
+	}{
+		{"all migrations", 0, []string{"atomicphase_record_first", "INSERT"}},
+		{"MinVersion", atomicphase.MinVersion, []string{"atomicphase_claim", "INSERT", "atomicphase_record_unit"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db, r, log := recordFirstDB(t, tc.target, "")
+			ctx := context.Background()
+			wf := queuing("whole", `INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'only')`)
+			// The first request learns what the database offers (its
+			// recording of the versions).
+			_, err := r.Run(ctx, wf, postKey("first"))
+			require.NoError(t, err)
+			log.calls()
+
+			resp, err := r.Run(ctx, wf, postKey("k"))
+			require.NoError(t, err)
+			require.Equal(t, 201, resp.Status)
+			require.Equal(t, [][]string{tc.want}, log.calls(), "the new key's one batch")
+			var n int
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE scope = 'u' AND idempotency_key = 'k' AND response_status = 201`).Scan(&n))
+			require.Equal(t, 1, n, "the key is recorded, finished")
+
+			// A retry is a replay; the unit's write happened once.
+			resp, err = r.Run(ctx, wf, postKey("k"))
+			require.NoError(t, err)
+			require.True(t, resp.Replayed)
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&n))
+			require.Equal(t, 2, n, "the unit's write, once per new key (two keys)")
+		})
+	}
+}
+
+// Duplicates of a new key recorded at the head of its unit are refused at
+// once (409), as the claim refuses them, while the first request's unit
+// still runs: its batch waits on a row the test holds, after the key's
+// insert took the claim's lock. They do not wait on the uncommitted key.
+func TestDuplicatesOfAKeyRecordedAtTheHeadOfItsUnitAreRefusedAtOnce(t *testing.T) {
+	atomicphasetest.SkipOnCitus(t, "units are sent inside BEGIN and COMMIT there, and claim first")
+	t.Parallel()
+	db, r, log := recordFirstDB(t, 0, "")
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `INSERT INTO effects (scope, key, phase) VALUES ('lock', 'k', 'held')`)
+	require.NoError(t, err)
+	wf := queuing("whole", `UPDATE effects SET note = 'first' WHERE scope = 'lock'`)
+	_, err = r.Run(ctx, wf, postKey("warm")) // learns what the database offers
+	require.NoError(t, err)
+	log.calls()
+
+	hold, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer hold.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
+	_, err = hold.Exec(ctx, `SELECT FROM effects WHERE scope = 'lock' FOR UPDATE`)
+	require.NoError(t, err)
+	first := make(chan error, 1)
+	go func() {
+		_, err := r.Run(ctx, wf, postKey("k"))
+		first <- err
+	}()
+	// The first request's batch waits on the row the test holds.
+	var holdPID int
+	require.NoError(t, hold.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holdPID))
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))`, holdPID).Scan(&waiting)
+		return err == nil && waiting
+	}, time.Minute, 10*time.Millisecond)
+
+	dups := make(chan error, 3)
+	for range 3 {
+		go func() {
+			_, err := r.Run(ctx, wf, postKey("k"))
+			dups <- err
+		}()
+	}
+	for range 3 {
+		select {
+		case err := <-dups:
+			var ip *atomicphase.InProgressError
+			require.ErrorAs(t, err, &ip, "a duplicate of a key being recorded is in progress")
+		case <-time.After(30 * time.Second):
+			t.Fatal("a duplicate waited on the first request's transaction")
+		}
+	}
+	select {
+	case err := <-first:
+		t.Fatalf("the first request returned while its unit waited: %v", err)
+	default:
+	}
+	require.NoError(t, hold.Rollback(ctx))
+	require.NoError(t, <-first)
+	for _, b := range log.calls()[:1] {
+		require.Equal(t, []string{"atomicphase_record_first", "UPDATE"}, b, "the first request's unit recorded its key at its head")
+	}
+	var notes int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE scope = 'lock' AND note = 'first'`).Scan(&notes))
+	require.Equal(t, 1, notes)
+	resp, err := r.Run(ctx, wf, postKey("k"))
+	require.NoError(t, err)
+	require.True(t, resp.Replayed)
+}
+
+// A Runner that learnt migration 020 is applied and then meets a database
+// without it (a pool of an older schema behind a Router, 020 rolled back)
+// takes the key on its own, as one recorded meanwhile, and runs the
+// request: nothing of the failed batch ran, and the key is not parked.
+// Its next new keys are claimed first.
+func TestARecordingWithoutItsFunctionTakesTheKeyOnItsOwn(t *testing.T) {
+	atomicphasetest.SkipOnCitus(t, "units are sent inside BEGIN and COMMIT there, and claim first")
+	t.Parallel()
+	db, r, log := recordFirstDB(t, 0, "")
+	ctx := context.Background()
+	wf := queuing("whole", `INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'only')`)
+	_, err := r.Run(ctx, wf, postKey("warm")) // learns that migration 020 is applied
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `DROP FUNCTION atomicphase_record_first(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)`)
+	require.NoError(t, err)
+	log.calls()
+
+	resp, err := r.Run(ctx, wf, postKey("k"))
+	require.NoError(t, err)
+	require.Equal(t, 201, resp.Status)
+	// The unit went with the key's insert at its head, and failed (in the
+	// exec modes that describe a batch first, before any statement ran).
+	if calls := log.calls(); len(calls) > 0 && len(calls[0]) > 0 {
+		require.Equal(t, "atomicphase_record_first", calls[0][0])
+	}
+	info, err := r.Inspect(ctx, "u", "k")
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.KeyFinished, info.Status)
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE scope = 'u'`).Scan(&n))
+	require.Equal(t, 2, n, "the unit's write once per key ('warm' and 'k')")
+
+	_, err = r.Run(ctx, wf, postKey("k2"))
+	require.NoError(t, err)
+	require.Equal(t, [][]string{{"atomicphase_claim", "INSERT", "atomicphase_record_unit"}}, log.calls(), "the next new key is claimed first")
 }
 
 // A key recorded at the head of its unit commits with the unit or not at

@@ -26,7 +26,9 @@ BEGIN
             USING ERRCODE = 'AP002';
     END IF;
     -- As atomicphase_record_unit: the row as the checkpoint leaves it,
-    -- written once; AP003 when the key exists.
+    -- written once; AP003 when the key exists. Written out rather than
+    -- called: a nested call of atomicphase_record_unit cost about 6 µs of
+    -- this statement's 60 (server CPU, pgbench, 8 rounds).
     INSERT INTO /* TEMPLATE: schema */idempotency_keys AS k
         (scope, idempotency_key, workflow, fingerprint, request_method, request_path,
          state, lock_token, locked_at, created_at, updated_at, lease_us, workflow_version,
