@@ -372,8 +372,7 @@ func (rec *Recording) QueueRecord(b *pgx.Batch, cp *Checkpoint) {
 		scope, key := r.Args.scopeKey(r.Scope, r.Key)
 		b.Queue(rec.peek, scope, key, rec.lease, r.Workflow, r.Args.fingerprint(r.Fingerprint))
 	}
-	_, args := rec.Final(cp)
-	b.Queue(rec.recordFirst, args...)
+	b.Queue(rec.recordFirst, rec.insertArgs(cp)...)
 	rec.first = true
 }
 
@@ -433,6 +432,12 @@ func (rec *Recording) Read(br pgx.BatchResults) error {
 // Final returns the statement that records the key with cp at the commit
 // of its first unit, in place of cp's checkpoint, and its arguments.
 func (rec *Recording) Final(cp *Checkpoint) (sql string, args []any) {
+	return rec.final, rec.insertArgs(cp)
+}
+
+// insertArgs are the arguments of the insert that records the key with
+// cp: atomicphase_record_unit's, and atomicphase_record_first's (the same).
+func (rec *Recording) insertArgs(cp *Checkpoint) (args []any) {
 	r := rec.req
 	scope, key := r.Args.scopeKey(r.Scope, r.Key)
 	args = []any{scope, key, r.Args.workflow(r.Workflow), r.Args.fingerprint(r.Fingerprint), r.Method, r.Path,
@@ -444,7 +449,7 @@ func (rec *Recording) Final(cp *Checkpoint) (sql string, args []any) {
 		}
 		args[12], args[13], args[14] = *cp.Status, cp.Header, body
 	}
-	return rec.final, args
+	return args
 }
 
 // ReadFinal reads the final insert's answer from br: ErrNotRecorded when
