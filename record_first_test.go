@@ -74,6 +74,25 @@ func (l *batchLog) calls() [][]string {
 	return out
 }
 
+// units is calls, each batch without the BEGIN and COMMIT around it on
+// Citus, where every unit goes inside them: the unit's own statements.
+func (l *batchLog) units() [][]string {
+	calls := l.calls()
+	if !atomicphasetest.OnCitus() {
+		return calls
+	}
+	for i, b := range calls {
+		if len(b) > 0 && b[0] == "begin" {
+			b = b[1:]
+		}
+		if len(b) > 0 && b[len(b)-1] == "COMMIT" {
+			b = b[:len(b)-1]
+		}
+		calls[i] = b
+	}
+	return calls
+}
+
 // postKey is a POST of key in scope u.
 func postKey(key string) atomicphase.Request {
 	return atomicphase.Request{Scope: "u", Key: key, Method: "POST", Path: "/w"}
@@ -114,24 +133,41 @@ func queuing(name string, stmts ...string) *atomicphase.Workflow[struct{}] {
 // A new key whose first unit goes whole (every statement queued) is
 // recorded by the first statement of that unit's batch, which also takes
 // the claim's lock (migration 020): no claim of its own, so one statement
-// fewer than a unit that sends before its commit, which claims first. On
-// a schema without migration 020 (MinVersion), the unit claims first.
+// fewer than a unit that sends before its commit, which claims first. So
+// it is inside BEGIN and COMMIT: on Citus, where every unit goes so, and
+// for a unit that needs a transaction block (a LOCK TABLE). On a schema
+// without migration 020 (MinVersion), the unit claims first.
 func TestANewKeyIsRecordedAtTheHeadOfItsUnit(t *testing.T) {
-	atomicphasetest.SkipOnCitus(t, "units are sent inside BEGIN and COMMIT there, and claim first")
 	t.Parallel()
+	const insert = `INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'only')`
+	citus := atomicphasetest.OnCitus()
+	// inBlock is a batch inside BEGIN and COMMIT; on Citus, every unit's.
+	inBlock := func(fns ...string) []string { return append(append([]string{"begin"}, fns...), "COMMIT") }
+	unit := func(fns ...string) []string {
+		if citus {
+			return inBlock(fns...)
+		}
+		return fns
+	}
 	for _, tc := range []struct {
 		name   string
 		target int // the migration the database is at; 0 for all
+		stmts  []string
 		want   []string
 	}{
-		{"all migrations", 0, []string{"atomicphase_record_first", "INSERT"}},
-		{"MinVersion", atomicphase.MinVersion, []string{"atomicphase_claim", "INSERT", "atomicphase_record_unit"}},
+		{"all migrations", 0, []string{insert}, unit("atomicphase_record_first", "INSERT")},
+		{"MinVersion", atomicphase.MinVersion, []string{insert}, unit("atomicphase_claim", "INSERT", "atomicphase_record_unit")},
+		{"a unit that needs a transaction block", 0, []string{`LOCK TABLE effects IN ROW EXCLUSIVE MODE`, insert},
+			inBlock("atomicphase_record_first", "LOCK", "INSERT")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if citus && strings.HasPrefix(tc.stmts[0], "LOCK") {
+				t.Skip("every unit is inside a transaction block on Citus: the first case")
+			}
 			t.Parallel()
 			db, r, log := recordFirstDB(t, tc.target, "")
 			ctx := context.Background()
-			wf := queuing("whole", `INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'only')`)
+			wf := queuing("whole", tc.stmts...)
 			// The first request learns what the database offers (its
 			// recording of the versions).
 			_, err := r.Run(ctx, wf, postKey("first"))
@@ -161,7 +197,6 @@ func TestANewKeyIsRecordedAtTheHeadOfItsUnit(t *testing.T) {
 // still runs: its batch waits on a row the test holds, after the key's
 // insert took the claim's lock. They do not wait on the uncommitted key.
 func TestDuplicatesOfAKeyRecordedAtTheHeadOfItsUnitAreRefusedAtOnce(t *testing.T) {
-	atomicphasetest.SkipOnCitus(t, "units are sent inside BEGIN and COMMIT there, and claim first")
 	t.Parallel()
 	db, r, log := recordFirstDB(t, 0, "")
 	ctx := context.Background()
@@ -170,7 +205,7 @@ func TestDuplicatesOfAKeyRecordedAtTheHeadOfItsUnitAreRefusedAtOnce(t *testing.T
 	wf := queuing("whole", `UPDATE effects SET note = 'first' WHERE scope = 'lock'`)
 	_, err = r.Run(ctx, wf, postKey("warm")) // learns what the database offers
 	require.NoError(t, err)
-	log.calls()
+	log.units()
 
 	hold, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
@@ -214,7 +249,7 @@ func TestDuplicatesOfAKeyRecordedAtTheHeadOfItsUnitAreRefusedAtOnce(t *testing.T
 	}
 	require.NoError(t, hold.Rollback(ctx))
 	require.NoError(t, <-first)
-	for _, b := range log.calls()[:1] {
+	for _, b := range log.units()[:1] {
 		require.Equal(t, []string{"atomicphase_record_first", "UPDATE"}, b, "the first request's unit recorded its key at its head")
 	}
 	var notes int
@@ -231,7 +266,6 @@ func TestDuplicatesOfAKeyRecordedAtTheHeadOfItsUnitAreRefusedAtOnce(t *testing.T
 // request: nothing of the failed batch ran, and the key is not parked.
 // Its next new keys are claimed first.
 func TestARecordingWithoutItsFunctionTakesTheKeyOnItsOwn(t *testing.T) {
-	atomicphasetest.SkipOnCitus(t, "units are sent inside BEGIN and COMMIT there, and claim first")
 	t.Parallel()
 	db, r, log := recordFirstDB(t, 0, "")
 	ctx := context.Background()
@@ -240,14 +274,14 @@ func TestARecordingWithoutItsFunctionTakesTheKeyOnItsOwn(t *testing.T) {
 	require.NoError(t, err)
 	_, err = db.Pool.Exec(ctx, `DROP FUNCTION atomicphase_record_first(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)`)
 	require.NoError(t, err)
-	log.calls()
+	log.units()
 
 	resp, err := r.Run(ctx, wf, postKey("k"))
 	require.NoError(t, err)
 	require.Equal(t, 201, resp.Status)
 	// The unit went with the key's insert at its head, and failed (in the
 	// exec modes that describe a batch first, before any statement ran).
-	if calls := log.calls(); len(calls) > 0 && len(calls[0]) > 0 {
+	if calls := log.units(); len(calls) > 0 && len(calls[0]) > 0 {
 		require.Equal(t, "atomicphase_record_first", calls[0][0])
 	}
 	info, err := r.Inspect(ctx, "u", "k")
@@ -259,7 +293,7 @@ func TestARecordingWithoutItsFunctionTakesTheKeyOnItsOwn(t *testing.T) {
 
 	_, err = r.Run(ctx, wf, postKey("k2"))
 	require.NoError(t, err)
-	require.Equal(t, [][]string{{"atomicphase_claim", "INSERT", "atomicphase_record_unit"}}, log.calls(), "the next new key is claimed first")
+	require.Equal(t, [][]string{{"atomicphase_claim", "INSERT", "atomicphase_record_unit"}}, log.units(), "the next new key is claimed first")
 }
 
 // A key recorded at the head of its unit commits with the unit or not at
@@ -269,7 +303,6 @@ func TestARecordingWithoutItsFunctionTakesTheKeyOnItsOwn(t *testing.T) {
 // dies after the insert leave no write of the unit behind; the request, or
 // its retry, writes once.
 func TestARecordingAtTheHeadOfItsUnitCommitsWithIt(t *testing.T) {
-	atomicphasetest.SkipOnCitus(t, "units are sent inside BEGIN and COMMIT there, and claim first")
 	t.Parallel()
 	const effect = `INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'head')`
 	for _, tc := range []struct {
@@ -297,10 +330,10 @@ func TestARecordingAtTheHeadOfItsUnitCommitsWithIt(t *testing.T) {
 			}
 			_, err := r.Run(ctx, queuing("warm"), postKey("warm")) // learns that migration 020 is applied
 			require.NoError(t, err)
-			log.calls()
+			log.units()
 			wf := queuing("head", effect, tc.then)
 			resp, err := r.Run(ctx, wf, postKey("k"))
-			require.Equal(t, "atomicphase_record_first", log.calls()[0][0], "the key's insert headed the unit")
+			require.Equal(t, "atomicphase_record_first", log.units()[0][0], "the key's insert headed the unit")
 			if tc.lost {
 				require.Error(t, err)
 				require.Zero(t, effects(), "nothing of the unit committed")
@@ -326,28 +359,26 @@ func TestARecordingAtTheHeadOfItsUnitCommitsWithIt(t *testing.T) {
 // 020 is applied it records keys at the head of their units from its next
 // recording of its versions (each sweep does one).
 func TestARunnerRecordsAtTheHeadOnceMigration020IsApplied(t *testing.T) {
-	atomicphasetest.SkipOnCitus(t, "units are sent inside BEGIN and COMMIT there, and claim first")
 	t.Parallel()
 	db, r, log := recordFirstDB(t, 19, "")
 	ctx := context.Background()
 	wf := queuing("later", `INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'later')`)
 	_, err := r.Run(ctx, wf, postKey("a"))
 	require.NoError(t, err)
-	require.Equal(t, [][]string{{"atomicphase_claim", "INSERT", "atomicphase_record_unit"}}, log.calls())
+	require.Equal(t, [][]string{{"atomicphase_claim", "INSERT", "atomicphase_record_unit"}}, log.units())
 	_, err = atomicphase.Migrate(ctx, db.Pool, nil)
 	require.NoError(t, err)
 	require.NoError(t, r.RecordVersions(ctx))
-	log.calls()
+	log.units()
 	_, err = r.Run(ctx, wf, postKey("b"))
 	require.NoError(t, err)
-	require.Equal(t, [][]string{{"atomicphase_record_first", "INSERT"}}, log.calls())
+	require.Equal(t, [][]string{{"atomicphase_record_first", "INSERT"}}, log.units())
 }
 
 // A key another request recorded, and finished, after this request read
 // it and before its unit: the insert heading the unit finds it, so none
 // of the unit's statements runs, and the request is answered as a replay.
 func TestAKeyRecordedMeanwhileStopsTheUnitAtItsHead(t *testing.T) {
-	atomicphasetest.SkipOnCitus(t, "units are sent inside BEGIN and COMMIT there, and claim first")
 	t.Parallel()
 	db, r, log := recordFirstDB(t, 0, "")
 	ctx := context.Background()
@@ -370,12 +401,12 @@ func TestAKeyRecordedMeanwhileStopsTheUnitAtItsHead(t *testing.T) {
 			return atomicphase.Respond(201, []byte("ok")), nil
 		}),
 	}, nil)
-	log.calls()
+	log.units()
 	resp, err := r.Run(ctx, wf, postKey("k"))
 	require.NoError(t, err)
 	require.True(t, resp.Replayed, "answered with the other request's response")
 	var heads int
-	for _, b := range log.calls() {
+	for _, b := range log.units() {
 		if len(b) > 0 && b[0] == "atomicphase_record_first" {
 			heads++
 		}

@@ -87,10 +87,13 @@ func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *c
 	rec := a.rec
 	// A unit sent whole, in one implicit transaction, on one PostgreSQL.
 	implicitly := tx.implicit() && a.r.implicitCommits.Load()
-	// A new key's recording that was not sent yet goes at the head of such
-	// a batch, as the final insert itself, which takes the claim's lock:
-	// one statement fewer (keystore.Recording.QueueRecord).
-	first := implicitly && rec != nil && tx.rec == rec && a.r.recordFirst.Load()
+	// A new key's recording that was not sent yet (nor anything else: it
+	// travels with the first send) goes at the head of the unit's only
+	// batch, as the final insert itself, which takes the claim's lock: one
+	// statement fewer (keystore.Recording.QueueRecord). Implicitly or
+	// inside BEGIN and COMMIT (Citus; a unit that needs a transaction
+	// block), alike.
+	first := rec != nil && tx.rec == rec && a.r.recordFirst.Load()
 	var sql string
 	var args []any
 	switch {

@@ -37,10 +37,11 @@ type Runner struct {
 	// commit then goes without BEGIN and COMMIT (see attempt.commit).
 	// Unset, every unit is sent inside BEGIN and COMMIT.
 	implicitCommits atomic.Bool
-	// recordFirst is set once migration 020 is known to be applied (on one
-	// PostgreSQL): a new key whose first unit goes whole is then recorded
-	// at the head of that unit's batch, with no claim
-	// (keystore.Recording.QueueRecord).
+	// recordFirst is set once migration 020 is known to be applied: a new
+	// key whose first unit goes whole (it sends nothing before its
+	// commit) is then recorded at the head of that unit's batch, with no
+	// claim (keystore.Recording.QueueRecord), implicitly or, on Citus,
+	// inside BEGIN and COMMIT.
 	recordFirst atomic.Bool
 	// assumeWays says, by pool, how its connections run the batches of
 	// WorkflowOpts.AssumeNewKeys (assume_prepare.go): *pgxpool.Pool to

@@ -188,8 +188,8 @@ func (r *Runner) announce(ctx context.Context) error {
 		// it fails, units are sent inside BEGIN and COMMIT, and a new key
 		// is claimed first. Asked again on every announcement until both
 		// are known: migration 020 may be applied while this process runs.
-		if citus, first, err := r.store.Features(ctx, r.pool); err == nil && !citus {
-			r.implicitCommits.Store(true)
+		if citus, first, err := r.store.Features(ctx, r.pool); err == nil {
+			r.implicitCommits.Store(!citus)
 			r.recordFirst.Store(first)
 		}
 	}

@@ -46,8 +46,8 @@ var citusFunctions = []struct {
 	{"atomicphase_checkpoint(text, text, bigint, text, text, bytea, integer, jsonb, bytea)", true, false},
 	{"atomicphase_claim(text, text)", true, false},
 	{"atomicphase_record_unit(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)", true, false},
-	// Not called on Citus (a unit's batch there always has BEGIN, and a
-	// new key is claimed first), distributed as the insert it stands for.
+	// Called at the head of a new key's first unit, inside its
+	// transaction block, in place of the claim and the recording.
 	{"atomicphase_record_first(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)", true, true},
 }
 

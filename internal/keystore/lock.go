@@ -360,9 +360,9 @@ func (rec *Recording) Queue(b *pgx.Batch) {
 // QueueRecord adds to b, at the head of the transaction, the insert that
 // records the key with cp and takes the claim's lock itself
 // (atomicphase_record_first, migration 020: see Store.Features), in place
-// of the claim and of the final insert: for a unit sent whole, in one
-// implicit transaction, whose checkpoint is known before anything is
-// sent. The unit's own statements come after it, so they never run for a
+// of the claim and of the final insert: for a unit sent whole (in one
+// implicit transaction, or inside BEGIN and COMMIT), whose checkpoint is
+// known before anything is sent. The unit's own statements come after it, so they never run for a
 // key that exists (it raises RecordedMeanwhileCode) or that another
 // transaction is recording (RecordingInFlightCode, at once). Read reads
 // its answer.
