@@ -174,6 +174,11 @@ func (t *phaseTx) sendBatch(ctx context.Context, mayBegin bool, tail func(*pgx.B
 	if begin {
 		t.tx = br.Tx()
 		if _, err := br.Exec(); err != nil { // BEGIN's result
+			if rec != nil {
+				// Or the recording's, when pgx prepared or described the
+				// batch first.
+				err = rec.BeforeRead(err)
+			}
 			return nil, closeAfter(br, err)
 		}
 	}

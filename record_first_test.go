@@ -107,8 +107,13 @@ func recordFirstDB(t *testing.T, target int, setup string) (*atomicphasetest.DB,
 	opts.PoolConfig = func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = log }
 	db := atomicphasetest.NewDB(t, &opts)
 	ctx := context.Background()
-	_, err := atomicphase.Migrate(ctx, db.Pool, &atomicphase.MigrateOpts{TargetVersion: target})
+	_, err := atomicphase.Migrate(ctx, db.Pool, &atomicphase.MigrateOpts{TargetVersion: target, Citus: atomicphasetest.OnCitus()})
 	require.NoError(t, err)
+	if atomicphasetest.OnCitus() {
+		// As the harness distributes it for a migrated database.
+		_, err = db.Pool.Exec(ctx, `SELECT create_distributed_table('effects', 'scope', colocate_with := 'idempotency_keys')`)
+		require.NoError(t, err)
+	}
 	if setup != "" {
 		_, err = db.Pool.Exec(ctx, setup)
 		require.NoError(t, err)
@@ -217,12 +222,18 @@ func TestDuplicatesOfAKeyRecordedAtTheHeadOfItsUnitAreRefusedAtOnce(t *testing.T
 		_, err := r.Run(ctx, wf, postKey("k"))
 		first <- err
 	}()
-	// The first request's batch waits on the row the test holds.
+	// The first request's batch waits on the row the test holds (on
+	// Citus, on the worker of the row's shard: citus_lock_waits sees
+	// every node's waits).
 	var holdPID int
 	require.NoError(t, hold.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holdPID))
+	waits := `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))`
+	if atomicphasetest.OnCitus() {
+		waits = `SELECT $1::int IS NOT NULL AND EXISTS (SELECT FROM citus_lock_waits)`
+	}
 	require.Eventually(t, func() bool {
 		var waiting bool
-		err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))`, holdPID).Scan(&waiting)
+		err := db.Pool.QueryRow(ctx, waits, holdPID).Scan(&waiting)
 		return err == nil && waiting
 	}, time.Minute, 10*time.Millisecond)
 
@@ -264,36 +275,68 @@ func TestDuplicatesOfAKeyRecordedAtTheHeadOfItsUnitAreRefusedAtOnce(t *testing.T
 // without it (a pool of an older schema behind a Router, 020 rolled back)
 // takes the key on its own, as one recorded meanwhile, and runs the
 // request: nothing of the failed batch ran, and the key is not parked.
-// Its next new keys are claimed first.
+// Its next new keys are claimed first. So it is whether the batch went
+// implicitly or inside BEGIN (a unit that needs a transaction block; on
+// Citus every unit), and whether the failure came with the function's own
+// result or, on fresh connections in the exec modes that prepare or
+// describe a batch's statements first, with BEGIN's.
 func TestARecordingWithoutItsFunctionTakesTheKeyOnItsOwn(t *testing.T) {
 	t.Parallel()
-	db, r, log := recordFirstDB(t, 0, "")
-	ctx := context.Background()
-	wf := queuing("whole", `INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'only')`)
-	_, err := r.Run(ctx, wf, postKey("warm")) // learns that migration 020 is applied
-	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `DROP FUNCTION atomicphase_record_first(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)`)
-	require.NoError(t, err)
-	log.units()
+	const insert = `INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'only')`
+	for _, tc := range []struct {
+		name  string
+		stmts []string
+		fresh bool // the pool's connections replaced after the drop
+	}{
+		{"its statement prepared", []string{insert}, false},
+		{"on fresh connections", []string{insert}, true},
+		{"inside BEGIN, its statement prepared", []string{`LOCK TABLE effects IN ROW EXCLUSIVE MODE`, insert}, false},
+		{"inside BEGIN, on fresh connections", []string{`LOCK TABLE effects IN ROW EXCLUSIVE MODE`, insert}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if atomicphasetest.OnCitus() && strings.HasPrefix(tc.stmts[0], "LOCK") {
+				t.Skip("every unit is inside a transaction block on Citus: the cases without LOCK")
+			}
+			t.Parallel()
+			db, r, log := recordFirstDB(t, 0, "")
+			ctx := context.Background()
+			wf := queuing("whole", tc.stmts...)
+			_, err := r.Run(ctx, wf, postKey("warm")) // learns that migration 020 is applied
+			require.NoError(t, err)
+			_, err = db.Pool.Exec(ctx, `DROP FUNCTION atomicphase_record_first(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)`)
+			require.NoError(t, err)
+			if tc.fresh {
+				db.Pool.Reset()
+			}
+			log.units()
 
-	resp, err := r.Run(ctx, wf, postKey("k"))
-	require.NoError(t, err)
-	require.Equal(t, 201, resp.Status)
-	// The unit went with the key's insert at its head, and failed (in the
-	// exec modes that describe a batch first, before any statement ran).
-	if calls := log.units(); len(calls) > 0 && len(calls[0]) > 0 {
-		require.Equal(t, "atomicphase_record_first", calls[0][0])
+			resp, err := r.Run(ctx, wf, postKey("k"))
+			require.NoError(t, err)
+			require.Equal(t, 201, resp.Status)
+			// The unit went with the key's insert at its head (after
+			// BEGIN, if any), and failed (in the exec modes that describe
+			// a batch first, before any statement ran).
+			if calls := log.units(); len(calls) > 0 && len(calls[0]) > 0 {
+				head := calls[0]
+				if head[0] == "begin" {
+					head = head[1:]
+				}
+				require.Equal(t, "atomicphase_record_first", head[0])
+			}
+			info, err := r.Inspect(ctx, "u", "k")
+			require.NoError(t, err)
+			require.Equal(t, atomicphase.KeyFinished, info.Status)
+			var n int
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE scope = 'u'`).Scan(&n))
+			require.Equal(t, 2, n, "the unit's write once per key ('warm' and 'k')")
+
+			_, err = r.Run(ctx, wf, postKey("k2"))
+			require.NoError(t, err)
+			calls := log.units()
+			require.Len(t, calls, 1)
+			require.Contains(t, calls[0], "atomicphase_claim", "the next new key is claimed first")
+		})
 	}
-	info, err := r.Inspect(ctx, "u", "k")
-	require.NoError(t, err)
-	require.Equal(t, atomicphase.KeyFinished, info.Status)
-	var n int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE scope = 'u'`).Scan(&n))
-	require.Equal(t, 2, n, "the unit's write once per key ('warm' and 'k')")
-
-	_, err = r.Run(ctx, wf, postKey("k2"))
-	require.NoError(t, err)
-	require.Equal(t, [][]string{{"atomicphase_claim", "INSERT", "atomicphase_record_unit"}}, log.units(), "the next new key is claimed first")
 }
 
 // A key recorded at the head of its unit commits with the unit or not at
@@ -366,7 +409,7 @@ func TestARunnerRecordsAtTheHeadOnceMigration020IsApplied(t *testing.T) {
 	_, err := r.Run(ctx, wf, postKey("a"))
 	require.NoError(t, err)
 	require.Equal(t, [][]string{{"atomicphase_claim", "INSERT", "atomicphase_record_unit"}}, log.units())
-	_, err = atomicphase.Migrate(ctx, db.Pool, nil)
+	_, err = atomicphase.Migrate(ctx, db.Pool, &atomicphase.MigrateOpts{Citus: atomicphasetest.OnCitus()})
 	require.NoError(t, err)
 	require.NoError(t, r.RecordVersions(ctx))
 	log.units()
@@ -415,4 +458,32 @@ func TestAKeyRecordedMeanwhileStopsTheUnitAtItsHead(t *testing.T) {
 	var n int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE phase = 'meanwhile'`).Scan(&n))
 	require.Equal(t, 1, n, "the unit's write, once")
+}
+
+// On Citus a Runner records a new key at the head of its first unit only
+// once atomicphase_record_first is distributed with force_delegation (as
+// Migrate distributes it): run on the coordinator, the function would
+// take the claim's advisory lock where a previous release's claim, which
+// runs on the key's worker, never looks, and a duplicate in flight would
+// no longer be refused at once. Without it, the unit claims first.
+func TestOnCitusARecordingAtTheHeadNeedsItsFunctionDelegated(t *testing.T) {
+	if !atomicphasetest.OnCitus() {
+		t.Skip("a Citus matter: run with " + atomicphasetest.CitusURLEnv)
+	}
+	t.Parallel()
+	db, _, log := recordFirstDB(t, 0, "")
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `SELECT create_distributed_function('atomicphase_record_first(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)',
+		'p_scope', colocate_with := 'idempotency_keys', force_delegation := false)`)
+	require.NoError(t, err)
+	r, err := atomicphase.NewRunner(db.Pool, nil)
+	require.NoError(t, err)
+	wf := queuing("whole", `INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'only')`)
+	_, err = r.Run(ctx, wf, postKey("warm")) // learns what the database offers
+	require.NoError(t, err)
+	log.units()
+	_, err = r.Run(ctx, wf, postKey("k"))
+	require.NoError(t, err)
+	require.Equal(t, [][]string{{"atomicphase_claim", "INSERT", "atomicphase_record_unit"}}, log.units(),
+		"a function Citus does not delegate: the unit claims first")
 }

@@ -376,6 +376,24 @@ func (rec *Recording) QueueRecord(b *pgx.Batch, cp *Checkpoint) {
 	rec.first = true
 }
 
+// BeforeRead returns err, a failure of the batch at or before the
+// recording's own result, as Read would: for a recording at the head of
+// its unit (QueueRecord) whose function this database lacks (a pool at an
+// older schema than the one Store.Features asked), ErrRecordFirstMissing,
+// the recording marked sent: nothing of the batch ran, and the key is
+// taken on its own, as one that exists. Inside BEGIN the failure comes
+// with BEGIN's result when pgx prepares or describes the batch's
+// statements before it runs them. Any other err is returned as it is.
+func (rec *Recording) BeforeRead(err error) error {
+	var pgErr *pgconn.PgError
+	if !rec.first || !errors.As(err, &pgErr) || pgErr.Code != pgerrcode.UndefinedFunction ||
+		!strings.Contains(pgErr.Message, "atomicphase_record_first") {
+		return err
+	}
+	rec.Sent, rec.Recorded = true, false
+	return fmt.Errorf("%w: %w", ErrRecordFirstMissing, err)
+}
+
 // Read reads the claim's answer from br (and, first, the key's read that
 // went ahead of it): an error raising RecordingInFlightCode when another
 // transaction is recording the key, or RecordedMeanwhileCode when it
@@ -395,16 +413,11 @@ func (rec *Recording) Read(br pgx.BatchResults) error {
 	if rec.first {
 		// The final insert went in the claim's place (QueueRecord).
 		if err := rec.ReadFinal(br); err != nil {
-			var pgErr *pgconn.PgError
-			isPg := errors.As(err, &pgErr)
-			if isPg && pgErr.Code == pgerrcode.UndefinedFunction && strings.Contains(pgErr.Message, "atomicphase_record_first") {
-				// Not on this database (a pool at an older schema than the
-				// one Store.Features asked): nothing of the batch ran, and
-				// the key is taken on its own, as one that exists.
-				rec.Sent = true
-				return fmt.Errorf("%w: %w", ErrRecordFirstMissing, err)
+			if missing := rec.BeforeRead(err); missing != err {
+				return missing
 			}
-			rec.Sent = errors.Is(err, ErrNotRecorded) || isPg && pgErr.Code == RecordingInFlightCode
+			var pgErr *pgconn.PgError
+			rec.Sent = errors.Is(err, ErrNotRecorded) || errors.As(err, &pgErr) && pgErr.Code == RecordingInFlightCode
 			return err
 		}
 		rec.Sent, rec.Recorded = true, true

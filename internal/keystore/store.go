@@ -165,8 +165,21 @@ const (
 // must always be sent inside BEGIN and COMMIT.
 //
 // recordFirst: migration 020 is applied, and a new key's first unit sent
-// whole may record the key at its head (Recording.QueueRecord).
+// whole may record the key at its head (Recording.QueueRecord). On Citus,
+// only once atomicphase_record_first is distributed with force_delegation,
+// as Migrate distributes it: the unit's transaction then runs it on the
+// worker of the key's shard, where it takes the claim's advisory lock, as
+// atomicphase_claim (a previous release's) does. Run on the coordinator
+// instead, it would take that lock where no claim looks for it.
 func (s *Store) Features(ctx context.Context, db DB) (citus, recordFirst bool, err error) {
-	err = db.QueryRow(ctx, featuresSQL, s.recordFirstName).Scan(&citus, &recordFirst)
+	if err = db.QueryRow(ctx, featuresSQL, s.recordFirstName).Scan(&citus, &recordFirst); err != nil || !citus || !recordFirst {
+		return citus, recordFirst, err
+	}
+	err = db.QueryRow(ctx, delegatedSQL, s.recordFirstName).Scan(&recordFirst)
 	return citus, recordFirst, err
 }
+
+// delegatedSQL tells, on Citus, whether the function named by $1 is
+// distributed with force_delegation.
+const delegatedSQL = `SELECT coalesce((SELECT o.force_delegation FROM pg_catalog.pg_dist_object o
+    WHERE o.classid = 'pg_catalog.pg_proc'::regclass AND o.objid = to_regprocedure($1)::oid), false)`
