@@ -187,7 +187,10 @@ func (r *Runner) announce(ctx context.Context) error {
 		// the first sweep), which every process makes; until then, and if
 		// it fails, units are sent inside BEGIN and COMMIT, and a new key
 		// is claimed first. Asked again on every announcement until both
-		// are known: migration 020 may be applied while this process runs.
+		// are known (on Citus, where units always go inside BEGIN and
+		// COMMIT, at every announcement: two catalog reads): migration 020
+		// may be applied, or its function distributed, while this process
+		// runs.
 		if citus, first, err := r.store.Features(ctx, r.pool); err == nil {
 			r.implicitCommits.Store(!citus)
 			r.recordFirst.Store(first)
