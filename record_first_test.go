@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -486,4 +487,46 @@ func TestOnCitusARecordingAtTheHeadNeedsItsFunctionDelegated(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, [][]string{{"atomicphase_claim", "INSERT", "atomicphase_record_unit"}}, log.units(),
 		"a function Citus does not delegate: the unit claims first")
+}
+
+// A unit whose own statement calls a function that does not exist, one
+// whose name merely contains atomicphase_record_first, fails with that
+// error, and is not taken for a database without migration 020: the
+// Runner's next new keys are still recorded at the head of their units.
+// (In the exec modes that prepare or describe a batch first, the error
+// comes before any statement runs, where a missing atomicphase_record_first's
+// would.)
+func TestAUnitsOwnMissingFunctionIsNotTheRecordingsMissing(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		stmts []string
+	}{
+		{"implicitly", nil},
+		{"inside BEGIN", []string{`LOCK TABLE effects IN ROW EXCLUSIVE MODE`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if atomicphasetest.OnCitus() && tc.stmts != nil {
+				t.Skip("every unit is inside a transaction block on Citus: the first case")
+			}
+			t.Parallel()
+			_, r, log := recordFirstDB(t, 0, "")
+			ctx := context.Background()
+			good := queuing("good", `INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'good')`)
+			_, err := r.Run(ctx, good, postKey("warm")) // learns that migration 020 is applied
+			require.NoError(t, err)
+			bad := queuing("bad", append(tc.stmts, `SELECT my_atomicphase_record_first_audit(1)`)...)
+			_, err = r.Run(ctx, bad, postKey("bad"))
+			var pgErr *pgconn.PgError
+			require.ErrorAs(t, err, &pgErr)
+			require.Equal(t, "42883", pgErr.Code, "the unit's own error")
+			require.NotErrorIs(t, err, keystore.ErrRecordFirstMissing)
+			log.units()
+			_, err = r.Run(ctx, good, postKey("next"))
+			require.NoError(t, err)
+			calls := log.units()
+			require.Len(t, calls, 1)
+			require.Contains(t, calls[0], "atomicphase_record_first", "the next new key is still recorded at the head of its unit")
+		})
+	}
 }

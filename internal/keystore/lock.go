@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+	"regexp"
 	"time"
 
 	"github.com/jackc/pgerrcode"
@@ -376,6 +376,12 @@ func (rec *Recording) QueueRecord(b *pgx.Batch, cp *Checkpoint) {
 	rec.first = true
 }
 
+// recordFirstMissing matches PostgreSQL's message for a call of
+// atomicphase_record_first that finds no such function ("function
+// [schema.]atomicphase_record_first(text, …) does not exist"), and not
+// one for a function of the unit's own whose name merely contains it.
+var recordFirstMissing = regexp.MustCompile(`^function (.+\.)?atomicphase_record_first\(`)
+
 // BeforeRead returns err, a failure of the batch at or before the
 // recording's own result, as Read would: for a recording at the head of
 // its unit (QueueRecord) whose function this database lacks (a pool at an
@@ -387,7 +393,7 @@ func (rec *Recording) QueueRecord(b *pgx.Batch, cp *Checkpoint) {
 func (rec *Recording) BeforeRead(err error) error {
 	var pgErr *pgconn.PgError
 	if !rec.first || !errors.As(err, &pgErr) || pgErr.Code != pgerrcode.UndefinedFunction ||
-		!strings.Contains(pgErr.Message, "atomicphase_record_first") {
+		!recordFirstMissing.MatchString(pgErr.Message) {
 		return err
 	}
 	rec.Sent, rec.Recorded = true, false

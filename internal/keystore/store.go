@@ -175,7 +175,9 @@ func (s *Store) Features(ctx context.Context, db DB) (citus, recordFirst bool, e
 	if err = db.QueryRow(ctx, featuresSQL, s.recordFirstName).Scan(&citus, &recordFirst); err != nil || !citus || !recordFirst {
 		return citus, recordFirst, err
 	}
-	err = db.QueryRow(ctx, delegatedSQL, s.recordFirstName).Scan(&recordFirst)
+	if err = db.QueryRow(ctx, delegatedSQL, s.recordFirstName).Scan(&recordFirst); err != nil {
+		recordFirst = false
+	}
 	return citus, recordFirst, err
 }
 
