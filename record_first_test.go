@@ -2,6 +2,7 @@ package atomicphase_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -93,6 +94,31 @@ func (l *batchLog) units() [][]string {
 	}
 	return calls
 }
+
+// claimHeld reports whether some backend holds the claim's advisory lock
+// on scope and key (atomicphase_claim's and atomicphase_record_first's:
+// hashtextextended of scope, chr(31), key, seed 7), on Citus on any
+// worker.
+func claimHeld(t *testing.T, db *atomicphasetest.DB, scope, key string) bool {
+	t.Helper()
+	const held = `SELECT count(*) FROM pg_locks l, (SELECT hashtextextended(%s || chr(31) || %s, 7) AS h) k
+		WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+		  AND l.classid::bigint = (k.h >> 32) & 4294967295 AND l.objid::bigint = k.h & 4294967295`
+	ctx := context.Background()
+	var n int
+	var err error
+	if atomicphasetest.OnCitus() {
+		err = db.Pool.QueryRow(ctx, `SELECT coalesce(sum(result::int), 0) FROM run_command_on_workers($1)`,
+			fmt.Sprintf(held, quoteLiteral(scope), quoteLiteral(key))).Scan(&n)
+	} else {
+		err = db.Pool.QueryRow(ctx, fmt.Sprintf(held, "$1::text", "$2::text"), scope, key).Scan(&n)
+	}
+	require.NoError(t, err)
+	return n > 0
+}
+
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // postKey is a POST of key in scope u.
 func postKey(key string) atomicphase.Request {
@@ -381,8 +407,14 @@ func TestARecordingAtTheHeadOfItsUnitCommitsWithIt(t *testing.T) {
 			if tc.lost {
 				require.Error(t, err)
 				require.Zero(t, effects(), "nothing of the unit committed")
-				// The failed attempt's lock and backoff (if the key was
-				// recorded, to keep the error) are over: the retry is due.
+				// The killed backend holds the claim's advisory lock until
+				// it has exited, which may be after its client saw the
+				// connection close (a retry meanwhile is told the key is
+				// being recorded: 409). The failed attempt's lock and
+				// backoff (if the key was recorded, to keep the error) are
+				// over: the retry is due.
+				require.Eventually(t, func() bool { return !claimHeld(t, db, "u", "k") }, time.Minute, 10*time.Millisecond,
+					"the killed backend's advisory lock is released")
 				require.NoError(t, atomicphasetest.AgeLocks(ctx, db.Pool, time.Hour))
 				require.NoError(t, keystore.AgeBackoffs(ctx, db.Pool, ""))
 				resp, err = r.Run(ctx, wf, postKey("k"))
