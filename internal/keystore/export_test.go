@@ -1,5 +1,11 @@
 package keystore
 
+import (
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
 // PeekSQL is the replay's read, for the plan test.
 const PeekSQL = peekSQL
 
@@ -11,3 +17,18 @@ const (
 	ReapSQL      = reapPickSQL
 	PassedSQL    = passedSQL
 )
+
+// JudgeLease is the key's read's judgement of its holding, for the test
+// that holds it to the database's functions.
+func JudgeLease(lockedAt pgtype.Timestamptz, leaseUs int64, callUntil pgtype.Timestamptz, now time.Time) (takeable, live bool, expiresIn *float64) {
+	var l leaseJudgement
+	l.judge(lockedAt, leaseUs, callUntil, now)
+	if l.expires {
+		expiresIn = &l.expiresIn
+	}
+	return l.takeable, l.live, expiresIn
+}
+
+// EpochTime is the key's read's decoding of a time it returned as seconds
+// since the Unix epoch.
+func EpochTime(f pgtype.Float8) pgtype.Timestamptz { return epochTime(f) }

@@ -1,10 +1,13 @@
 package keystore_test
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/atomicphase/atomicphase/atomicphasetest"
@@ -13,35 +16,92 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(atomicphasetest.Main(m)) }
 
-// A replay is one read of its key, whose lock columns are judged by
-// atomicphase_held_until and atomicphase_lock_expires: both must be
-// inlined into the statement. A SQL function that is not (one whose body
-// has a FROM clause, say) is a function call per replay, which once cost
-// replays half their speed against a primary-key read.
-func TestReplayReadInlinesItsFunctions(t *testing.T) {
+// A replay is one read of its key, which returns the key's lock columns
+// as they are (the lock, the lease, the foreign call's quiet period) and
+// the database's now; the client judges them by the rules of
+// atomicphase_held_until and atomicphase_lock_expires, so that the read
+// prepares no expression for them (they cost replays about a tenth of
+// their rate: docs/performance.md). The judgement must be the database's,
+// to the microsecond, for every combination: unlocked or locked long ago,
+// just now or in a moment, a stored lease or none (the lock timeout), no
+// call's quiet period or one that ended or ends before, at or after the
+// lease.
+func TestPeekJudgesTheLeaseAsTheDatabaseDoes(t *testing.T) {
 	t.Parallel()
 	db := atomicphasetest.NewDB(t, nil)
-	// The statement with its parameters written in (scope, key, lock
-	// timeout, workflow, fingerprint), as a custom plan would see them.
-	sql := strings.NewReplacer("$1", "'s'", "$2", "'k'", "$3", "90000000", "$4", "'w'", "$5", `'\x00'`).
-		Replace(keystore.Render(keystore.PeekSQL, ""))
-	rows, err := db.Pool.Query(t.Context(), "EXPLAIN (VERBOSE) "+sql)
-	require.NoError(t, err)
-	var plan strings.Builder
-	for rows.Next() {
-		var line string
-		require.NoError(t, rows.Scan(&line))
-		if strings.Contains(line, "Query: ") {
-			// On Citus, the statement the coordinator sends the worker,
-			// written as the client wrote it; the worker's plan below it
-			// is the one that must have the functions inlined.
-			continue
+	ctx := t.Context()
+	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	const timeoutUs = 90_000_000
+	at := func(d time.Duration) pgtype.Timestamptz { return pgtype.Timestamptz{Time: now.Add(d), Valid: true} }
+	none := pgtype.Timestamptz{}
+	locks := []pgtype.Timestamptz{none, at(-2 * time.Hour), at(-91 * time.Second), at(-90 * time.Second), at(-30 * time.Second),
+		at(-time.Microsecond), at(0), at(time.Second)}
+	leases := []*int64{nil, ptr(int64(0)), ptr(int64(1)), ptr(int64(30_000_000)), ptr(int64(3_600_000_000))}
+	calls := []pgtype.Timestamptz{none, at(-time.Hour), at(-time.Microsecond), at(0), at(time.Microsecond), at(10 * time.Second),
+		at(60 * time.Second), at(2 * time.Hour)}
+	n := 0
+	for _, locked := range locks {
+		for _, lease := range leases {
+			for _, call := range calls {
+				var takeable, live bool
+				var expiresIn *float64
+				require.NoError(t, db.Pool.QueryRow(ctx, `SELECT
+					coalesce(atomicphase_held_until(l, s, c, o) < n, true),
+					coalesce(l + coalesce(s, o) * interval '1 microsecond' >= n, false),
+					extract(epoch FROM atomicphase_lock_expires(l, s, c, o, n) - n)::float8
+					FROM (SELECT $1::timestamptz, $2::bigint, $3::timestamptz, $4::bigint, $5::timestamptz) AS a (l, s, c, o, n)`,
+					locked, lease, call, int64(timeoutUs), now).Scan(&takeable, &live, &expiresIn))
+				us := int64(timeoutUs)
+				if lease != nil {
+					us = *lease
+				}
+				gotTakeable, gotLive, gotExpires := keystore.JudgeLease(locked, us, call, now)
+				what := fmt.Sprintf("locked %v, lease %v, call until %v", locked, lease, call)
+				require.Equal(t, takeable, gotTakeable, "takeable: "+what)
+				require.Equal(t, live, gotLive, "live: "+what)
+				if expiresIn == nil {
+					require.Nil(t, gotExpires, "expires: "+what)
+				} else {
+					require.NotNil(t, gotExpires, "expires: "+what)
+					require.Equal(t, *expiresIn, *gotExpires, "expires: "+what)
+				}
+				n++
+			}
 		}
-		plan.WriteString(line + "\n")
 	}
-	require.NoError(t, rows.Err())
-	require.NotContains(t, plan.String(), "atomicphase_held_until", plan.String())
-	require.NotContains(t, plan.String(), "atomicphase_lock_expires", plan.String())
+	require.Equal(t, len(locks)*len(leases)*len(calls), n)
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// The key's read returns its times as date_part('epoch', …), a float8,
+// which the client turns back into the time to the microsecond, in every
+// exec mode (binary or text results) and over the years a key can carry.
+func TestTheKeysReadReturnsItsTimesToTheMicrosecond(t *testing.T) {
+	t.Parallel()
+	db := atomicphasetest.NewDB(t, nil)
+	ctx := t.Context()
+	times := []time.Time{
+		time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(2026, 11, 27, 12, 0, 0, 1000, time.UTC),
+		time.Date(2026, 11, 27, 23, 59, 59, 999999000, time.UTC),
+		time.Date(2038, 1, 19, 3, 14, 7, 999999000, time.UTC),
+		time.Date(2199, 12, 31, 23, 59, 59, 999999000, time.UTC),
+		time.Date(1999, 12, 31, 23, 59, 59, 999999000, time.UTC),
+	}
+	for i := range 1000 {
+		times = append(times, time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC).Add(time.Duration(i*7919+i*i*104729)*time.Microsecond))
+	}
+	for _, want := range times {
+		var f pgtype.Float8
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT date_part('epoch', $1::timestamptz)`, want).Scan(&f))
+		got := keystore.EpochTime(f)
+		require.True(t, got.Valid)
+		require.True(t, want.Equal(got.Time), "%v came back as %v", want, got.Time)
+	}
+	var null pgtype.Float8
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT date_part('epoch', NULL::timestamptz)`).Scan(&null))
+	require.False(t, keystore.EpochTime(null).Valid)
 }
 
 // The sweep's statements read only what is due, and each statement has
