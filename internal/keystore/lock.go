@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"regexp"
 	"time"
 
@@ -197,7 +196,7 @@ func scanPeeked(row pgx.Row) (p Peeked, found bool, err error) {
 		p                   Peeked
 		status              pgtype.Int4
 		lockedAt, callUntil pgtype.Float8
-		now                 float64
+		now                 pgtype.Float8
 		leaseUs             int64
 		expiresIn           float64
 		st                  int
@@ -215,7 +214,7 @@ func scanPeeked(row pgx.Row) (p Peeked, found bool, err error) {
 		sc.p.ResponseStatus = &sc.st
 	}
 	var l leaseJudgement
-	l.judge(epochTime(sc.lockedAt), sc.leaseUs, epochTime(sc.callUntil), epochTime(pgtype.Float8{Float64: sc.now, Valid: true}).Time)
+	l.judge(epochTime(sc.lockedAt), sc.leaseUs, epochTime(sc.callUntil), epochTime(sc.now).Time)
 	sc.p.Takeable = l.takeable
 	if l.expires {
 		sc.expiresIn = l.expiresIn
@@ -223,69 +222,6 @@ func scanPeeked(row pgx.Row) (p Peeked, found bool, err error) {
 	}
 	sc.p.Unheld = !sc.p.Takeable && !l.live
 	return sc.p, true, nil
-}
-
-// epochTime is a time the key's read returned as seconds since the Unix
-// epoch (date_part('epoch', …): a float8 with the microseconds exact,
-// which pgx scans without allocating, where a timestamptz's scan plan
-// costs an allocation per column).
-func epochTime(f pgtype.Float8) pgtype.Timestamptz {
-	if !f.Valid || math.IsInf(f.Float64, 0) || math.IsNaN(f.Float64) {
-		return pgtype.Timestamptz{}
-	}
-	return pgtype.Timestamptz{Time: time.UnixMicro(int64(math.Round(f.Float64 * 1e6))), Valid: true}
-}
-
-// leaseJudgement is what a request needs to know of its key's holding:
-// the rules of atomicphase_held_until and atomicphase_lock_expires,
-// judged here on the columns the key's read returns and the database's
-// now, so that the read (the whole of a replay) prepares no expression
-// for them (docs/performance.md). TestPeekJudgesTheLeaseAsTheDatabaseDoes
-// holds the two together.
-type leaseJudgement struct {
-	// takeable: nobody holds the key: no lease and no foreign call's
-	// quiet period, or both over (atomicphase_held_until is NULL or past).
-	takeable bool
-	// live: a lease runs (locked, and its end not past).
-	live bool
-	// expires, expiresIn: atomicphase_lock_expires, in seconds from now,
-	// when it is not NULL.
-	expires   bool
-	expiresIn float64
-}
-
-// judge judges a key locked at lockedAt (NULL when unlocked) for leaseUs
-// microseconds (its lease, or the lock timeout when it stored none), its
-// foreign call's quiet period ending at callUntil (NULL for none), at now.
-func (l *leaseJudgement) judge(lockedAt pgtype.Timestamptz, leaseUs int64, callUntil pgtype.Timestamptz, now time.Time) {
-	locked := lockedAt.Valid && lockedAt.InfinityModifier == pgtype.Finite
-	calling := callUntil.Valid && callUntil.InfinityModifier == pgtype.Finite
-	var leaseEnd time.Time
-	if locked {
-		const maxUs = math.MaxInt64 / int64(time.Microsecond)
-		leaseEnd = lockedAt.Time.Add(time.Duration(min(max(leaseUs, -maxUs), maxUs)) * time.Microsecond)
-	}
-	// held_until: the later of the lease's end and the call's, NULLs left out.
-	held, isHeld := leaseEnd, locked
-	if calling && (!isHeld || callUntil.Time.After(held)) {
-		held, isHeld = callUntil.Time, true
-	}
-	l.takeable = !isHeld || held.Before(now)
-	l.live = locked && !leaseEnd.Before(now)
-	// lock_expires: the lease's end while it runs, when no call's quiet
-	// period is set, or when that ends before the lease; else the call's.
-	var expires time.Time
-	switch {
-	case locked && (!leaseEnd.Before(now) || !calling || callUntil.Time.Before(leaseEnd)):
-		expires, l.expires = leaseEnd, true
-	case calling:
-		expires, l.expires = callUntil.Time, true
-	default:
-		l.expires = false
-	}
-	if l.expires {
-		l.expiresIn = float64(expires.Sub(now).Microseconds()) / 1e6
-	}
 }
 
 // recordSQL records a new key, locked under the caller's lock token, inside
