@@ -29,6 +29,6 @@ func JudgeLease(lockedAt pgtype.Timestamptz, leaseUs int64, callUntil pgtype.Tim
 	return l.takeable, l.live, expiresIn
 }
 
-// EpochTime is the key's read's decoding of a time it returned as seconds
-// since the Unix epoch.
-func EpochTime(f pgtype.Float8) pgtype.Timestamptz { return epochTime(f) }
+// MicrosTime is the key's read's decoding of a time it returned as
+// microseconds since the Unix epoch.
+func MicrosTime(us pgtype.Int8) pgtype.Timestamptz { return microsTime(us) }

@@ -11,15 +11,17 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// epochTime is a time the key's read returned as seconds since the Unix
-// epoch (date_part('epoch', …): a float8 with the microseconds exact,
-// which pgx scans without allocating, where a timestamptz's scan plan
-// costs an allocation per column).
-func epochTime(f pgtype.Float8) pgtype.Timestamptz {
-	if !f.Valid || math.IsInf(f.Float64, 0) || math.IsNaN(f.Float64) {
+// microsTime is a time the key's read returned as microseconds since the
+// Unix epoch: an int8, exact in every exec mode (a float8 sent as text
+// loses digits to a session's extra_float_digits), which pgx scans without
+// allocating, where a timestamptz's scan plan costs an allocation per
+// column. An infinite time fails the read's cast, as it failed the
+// lease's arithmetic before.
+func microsTime(us pgtype.Int8) pgtype.Timestamptz {
+	if !us.Valid {
 		return pgtype.Timestamptz{}
 	}
-	return pgtype.Timestamptz{Time: time.UnixMicro(int64(math.Round(f.Float64 * 1e6))), Valid: true}
+	return pgtype.Timestamptz{Time: time.UnixMicro(us.Int64), Valid: true}
 }
 
 // leaseJudgement is what a request needs to know of its key's holding:

@@ -162,7 +162,8 @@ func (s *Store) Acquire(ctx context.Context, db DB, req *Request) (*Row, error) 
 // it. It is the whole of a replay: one primary-key read, written to nothing.
 const peekSQL = `
 SELECT workflow = $4::text AND fingerprint = $5::bytea, response_status, response_header::text, response_body,
-       date_part('epoch', locked_at), coalesce(lease_us, $3::bigint), date_part('epoch', call_until), date_part('epoch', now()),
+       (date_part('epoch', locked_at) * 1000000::float8)::int8, coalesce(lease_us, $3::bigint),
+       (date_part('epoch', call_until) * 1000000::float8)::int8, (date_part('epoch', now()) * 1000000::float8)::int8,
        coalesce(final_parked_at = parked_at, false)
 FROM /* TEMPLATE: schema */idempotency_keys
 WHERE scope = $1 AND idempotency_key = $2`
@@ -195,8 +196,8 @@ func scanPeeked(row pgx.Row) (p Peeked, found bool, err error) {
 	var sc struct {
 		p                   Peeked
 		status              pgtype.Int4
-		lockedAt, callUntil pgtype.Float8
-		now                 pgtype.Float8
+		lockedAt, callUntil pgtype.Int8
+		now                 pgtype.Int8
 		leaseUs             int64
 		expiresIn           float64
 		st                  int
@@ -214,7 +215,7 @@ func scanPeeked(row pgx.Row) (p Peeked, found bool, err error) {
 		sc.p.ResponseStatus = &sc.st
 	}
 	var l leaseJudgement
-	l.judge(epochTime(sc.lockedAt), sc.leaseUs, epochTime(sc.callUntil), epochTime(sc.now).Time)
+	l.judge(microsTime(sc.lockedAt), sc.leaseUs, microsTime(sc.callUntil), microsTime(sc.now).Time)
 	sc.p.Takeable = l.takeable
 	if l.expires {
 		sc.expiresIn = l.expiresIn

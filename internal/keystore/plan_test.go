@@ -74,16 +74,18 @@ func TestPeekJudgesTheLeaseAsTheDatabaseDoes(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
-// The key's read returns its times as date_part('epoch', …), a float8,
-// which the client turns back into the time to the microsecond, in every
-// exec mode (binary or text results) and over the years a key can carry.
+// The key's read returns its times as microseconds since the Unix epoch
+// (date_part's float8, exact to the microsecond for the years a key can
+// carry, cast to int8 on the server), which the client turns back into the
+// time, in every exec mode, whatever the session's extra_float_digits (a
+// float8 sent as text would lose digits to it).
 func TestTheKeysReadReturnsItsTimesToTheMicrosecond(t *testing.T) {
 	t.Parallel()
 	db := atomicphasetest.NewDB(t, nil)
 	ctx := t.Context()
 	times := []time.Time{
 		time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC),
-		time.Date(2026, 11, 27, 12, 0, 0, 1000, time.UTC),
+		time.Date(2026, 11, 27, 12, 0, 0, 123456000, time.UTC),
 		time.Date(2026, 11, 27, 23, 59, 59, 999999000, time.UTC),
 		time.Date(2038, 1, 19, 3, 14, 7, 999999000, time.UTC),
 		time.Date(2199, 12, 31, 23, 59, 59, 999999000, time.UTC),
@@ -92,16 +94,26 @@ func TestTheKeysReadReturnsItsTimesToTheMicrosecond(t *testing.T) {
 	for i := range 1000 {
 		times = append(times, time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC).Add(time.Duration(i*7919+i*i*104729)*time.Microsecond))
 	}
-	for _, want := range times {
-		var f pgtype.Float8
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT date_part('epoch', $1::timestamptz)`, want).Scan(&f))
-		got := keystore.EpochTime(f)
-		require.True(t, got.Valid)
-		require.True(t, want.Equal(got.Time), "%v came back as %v", want, got.Time)
+	conn, err := db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	for _, digits := range []int{1, 0, -15} {
+		_, err := conn.Exec(ctx, fmt.Sprintf("SET extra_float_digits = %d", digits))
+		require.NoError(t, err)
+		for _, want := range times {
+			var us pgtype.Int8
+			require.NoError(t, conn.QueryRow(ctx, `SELECT (date_part('epoch', $1::timestamptz) * 1000000::float8)::int8`, want).Scan(&us))
+			got := keystore.MicrosTime(us)
+			require.True(t, got.Valid)
+			require.True(t, want.Equal(got.Time), "%v came back as %v (extra_float_digits %d)", want, got.Time, digits)
+		}
 	}
-	var null pgtype.Float8
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT date_part('epoch', NULL::timestamptz)`).Scan(&null))
-	require.False(t, keystore.EpochTime(null).Valid)
+	_, err = conn.Exec(ctx, "RESET extra_float_digits")
+	require.NoError(t, err)
+	var null pgtype.Int8
+	require.NoError(t, conn.QueryRow(ctx, `SELECT (date_part('epoch', NULL::timestamptz) * 1000000::float8)::int8`).Scan(&null))
+	require.False(t, keystore.MicrosTime(null).Valid)
+	require.Contains(t, keystore.PeekSQL, `(date_part('epoch', locked_at) * 1000000::float8)::int8`, "the expression this test holds")
 }
 
 // The sweep's statements read only what is due, and each statement has
