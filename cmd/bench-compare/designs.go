@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/atomicphase/atomicphase"
@@ -172,10 +173,24 @@ const (
 WHERE scope = $1 AND idempotency_key = $2`
 )
 
+// hwReadSQL reads a key's stored response: what hand-written code that
+// answers a replay in one round trip reads before it records a key.
+const hwReadSQL = `SELECT response_status, response_body FROM hw_idempotency_keys WHERE scope = $1 AND idempotency_key = $2`
+
+// designOpts vary the designs: assumeNew sets WorkflowOpts.AssumeNewKeys
+// on (b)'s and (c)'s workflow; readFirst has (a) read its key first
+// (handWritten).
+type designOpts struct {
+	assumeNew, readFirst bool
+}
+
 // handWritten answers a new key the way careful hand-written pgx code
 // would: one statement, the call, one pipelined transaction. It returns the
-// stored response body.
-func handWritten(ctx context.Context, pool *pgxpool.Pool, pay *benchkit.Payments, us *user, key string, body []byte) ([]byte, error) {
+// stored response body. With readFirst it reads the key first, in a round
+// trip of its own (hwReadSQL), as code must that answers a finished key's
+// retry in one round trip; the bench sends it new keys only, so the read
+// finds none.
+func handWritten(ctx context.Context, pool *pgxpool.Pool, pay *benchkit.Payments, us *user, key string, body []byte, readFirst bool) ([]byte, error) {
 	var in rideInput
 	if err := json.Unmarshal(body, &in); err != nil {
 		return nil, err
@@ -183,6 +198,17 @@ func handWritten(ctx context.Context, pool *pgxpool.Pool, pay *benchkit.Payments
 	h := sha256.New()
 	_, _ = io.WriteString(h, method+" "+path+"\n")
 	_, _ = h.Write(body)
+	if readFirst {
+		var status pgtype.Int4
+		var stored []byte
+		err := pool.QueryRow(ctx, hwReadSQL, us.email, key).Scan(&status, &stored)
+		if err == nil {
+			return nil, fmt.Errorf("key %s/%s was already recorded", us.email, key)
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return nil, fmt.Errorf("read key: %w", err)
+		}
+	}
 	var rideID int64
 	err := pool.QueryRow(ctx, hwRecordSQL, us.email, key, h.Sum(nil), us.id,
 		in.OriginLat, in.OriginLon, in.TargetLat, in.TargetLon).Scan(&rideID)

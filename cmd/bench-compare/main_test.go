@@ -22,8 +22,8 @@ func TestMain(m *testing.M) { os.Exit(atomicphasetest.Main(m)) }
 
 // newTestBench gives the test a bench on a database of its own from the
 // test harness (its fast settings: the counts do not depend on them), with
-// maxClients connections per design (assumeNew: see newBench).
-func newTestBench(t *testing.T, maxClients int, assumeNew bool) *bench {
+// maxClients connections per design, and the designs opts vary.
+func newTestBench(t *testing.T, maxClients int, opts designOpts) *bench {
 	t.Helper()
 	db := atomicphasetest.NewDB(t, &atomicphasetest.Options{
 		SetupID: fmt.Sprintf("bench-compare-%x", sha256.Sum256([]byte(schema)))[:22],
@@ -37,7 +37,7 @@ func newTestBench(t *testing.T, maxClients int, assumeNew bool) *bench {
 	t.Cleanup(func() { _ = fake.Close() })
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	require.NoError(t, err)
-	b, err := newBench(context.Background(), cfg, db.Pool, fake, maxClients, assumeNew)
+	b, err := newBench(context.Background(), cfg, db.Pool, fake, maxClients, opts)
 	require.NoError(t, err)
 	t.Cleanup(b.close)
 	return b
@@ -46,16 +46,23 @@ func newTestBench(t *testing.T, maxClients int, assumeNew bool) *bench {
 // TestMeasureCountsAndVerifies runs every design briefly with one client,
 // as the command does, and checks what each request cost.
 func TestMeasureCountsAndVerifies(t *testing.T) {
-	for _, assumeNew := range []bool{false, true} {
-		t.Run(fmt.Sprintf("assume-new-keys=%t", assumeNew), func(t *testing.T) {
-			measureCountsAndVerifies(t, assumeNew)
+	for _, tc := range []struct {
+		name string
+		opts designOpts
+	}{
+		{"as it is", designOpts{}},
+		{"assume-new-keys", designOpts{assumeNew: true}},
+		{"read-first", designOpts{readFirst: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			measureCountsAndVerifies(t, tc.opts)
 		})
 	}
 }
 
-func measureCountsAndVerifies(t *testing.T, assumeNew bool) {
+func measureCountsAndVerifies(t *testing.T, opts designOpts) {
 	ctx := context.Background()
-	b := newTestBench(t, 1, assumeNew)
+	b := newTestBench(t, 1, opts)
 	require.NoError(t, b.createFinished(ctx, 20))
 	want := map[string]struct{ trips, commits int64 }{
 		"a": {2, 2}, // the key and ride; the batch with the charge, outbox row and response
@@ -63,9 +70,13 @@ func measureCountsAndVerifies(t *testing.T, assumeNew bool) {
 		"c": {1, 0}, // the key read
 		"d": {1, 0},
 	}
-	if assumeNew {
+	if opts.assumeNew {
 		// The key's read rides with create_ride and the key's recording.
 		want["b"] = struct{ trips, commits int64 }{2, 2}
+	}
+	if opts.readFirst {
+		// The key's read, then as without it.
+		want["a"] = struct{ trips, commits int64 }{3, 2}
 	}
 	for _, d := range b.designs {
 		// The warm-up fills the connection's statement cache.
@@ -91,7 +102,7 @@ func measureCountsAndVerifies(t *testing.T, assumeNew bool) {
 // design that answers fast but wrong.
 func TestMeasureFailsAWrongAnswer(t *testing.T) {
 	ctx := context.Background()
-	b := newTestBench(t, 1, false)
+	b := newTestBench(t, 1, designOpts{})
 	a := b.design("a")
 	for i, tc := range []struct {
 		name, want string
@@ -140,7 +151,7 @@ func TestMeasureFailsAWrongAnswer(t *testing.T) {
 // transaction commits once), a read, and a transaction begun by pgx.
 func TestTracerCounts(t *testing.T) {
 	ctx := context.Background()
-	b := newTestBench(t, 1, false)
+	b := newTestBench(t, 1, designOpts{})
 	pool, tr := b.design("d").pool, b.design("d").trace
 	step := func(what string, trips, commits int64, f func() error) {
 		t.Helper()
@@ -198,10 +209,12 @@ func TestParseFlags(t *testing.T) {
 	require.Equal(t, 5, o.rounds)
 	require.Equal(t, 3*time.Second, o.duration)
 
-	o, err = parseFlags([]string{"-clients", "2, 4", "-rounds", "1", "-duration", "1s", "-pgss", "-cpuprofile", "x.prof", "-memprofile", "m.prof"}, io.Discard)
+	o, err = parseFlags([]string{"-clients", "2, 4", "-rounds", "1", "-duration", "1s", "-pgss", "-cpuprofile", "x.prof", "-memprofile", "m.prof", "-read-first"}, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, []int{2, 4}, o.clients)
 	require.True(t, o.pgss)
+	require.True(t, o.readFirst)
+	require.False(t, o.assumeNew)
 	require.Equal(t, "x.prof", o.cpuprofile)
 	require.Equal(t, "m.prof", o.memprofile)
 
@@ -268,7 +281,7 @@ func TestMachineCPU(t *testing.T) {
 // request, and says so when none was written.
 func TestWALTop(t *testing.T) {
 	ctx := context.Background()
-	b := newTestBench(t, 1, false)
+	b := newTestBench(t, 1, designOpts{})
 	// Other tests write to the same server at any time: a start past the
 	// WAL written so far is one that none was written since.
 	var future, start string

@@ -86,10 +86,10 @@ func poolFor(ctx context.Context, base *pgxpool.Config, maxConns int) (*pgxpool.
 // newBench opens the four designs' pools with base's settings, on a
 // database with the atomicphase schema and the bench's own (see schema);
 // maxClients is the largest number of concurrent clients to be measured;
-// assumeNew sets WorkflowOpts.AssumeNewKeys on (b)'s and (c)'s workflow.
-func newBench(ctx context.Context, base *pgxpool.Config, admin *pgxpool.Pool, fake *fakestripe.Server, maxClients int, assumeNew bool) (*bench, error) {
+// opts vary the designs (designOpts).
+func newBench(ctx context.Context, base *pgxpool.Config, admin *pgxpool.Pool, fake *fakestripe.Server, maxClients int, opts designOpts) (*bench, error) {
 	b := &bench{admin: admin, fake: fake, pay: benchkit.NewPayments(fake.URL, 512), users: &users{m: map[string]*user{}}}
-	b.wf = rideWorkflow(b.users, b.pay, assumeNew)
+	b.wf = rideWorkflow(b.users, b.pay, opts.assumeNew)
 	pools := make([]*pgxpool.Pool, 4)
 	tracers := make([]*tracer, 4)
 	for i := range pools {
@@ -113,9 +113,12 @@ func newBench(ctx context.Context, base *pgxpool.Config, admin *pgxpool.Pool, fa
 	}
 	a, ap, rp, pk := b.designs[0], b.designs[1], b.designs[2], b.designs[3]
 	a.code, a.name, a.fresh = "a", "hand-written pgx", true
+	if opts.readFirst {
+		a.name = "hand-written + read"
+	}
 	a.do = func(ctx context.Context, c *client) error {
 		c.body = rideBody(c.body, c.id, c.seq+1)
-		_, err := handWritten(ctx, a.pool, b.pay, c.user, c.nextKey(), c.body)
+		_, err := handWritten(ctx, a.pool, b.pay, c.user, c.nextKey(), c.body, opts.readFirst)
 		return err
 	}
 	ap.code, ap.name, ap.fresh = "b", "atomicphase", true

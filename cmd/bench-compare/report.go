@@ -238,7 +238,7 @@ func walTop(ctx context.Context, out io.Writer, admin *pgxpool.Pool, start strin
 func printHOT(ctx context.Context, out io.Writer, b *bench) error {
 	fmt.Fprintf(out, "\nkey-table updates that were HOT, whole run (pg_stat_user_tables n_tup_hot_upd / n_tup_upd)\n")
 	for _, t := range []struct{ design, table string }{
-		{"(a) hand-written pgx", "hw_idempotency_keys"}, {"(b) atomicphase", "idempotency_keys"},
+		{"(a) " + b.design("a").name, "hw_idempotency_keys"}, {"(b) " + b.design("b").name, "idempotency_keys"},
 	} {
 		var upd, hot int64
 		var indexes int
