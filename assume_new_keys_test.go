@@ -333,6 +333,77 @@ func TestAssumeNewKeysKeepsTheStatementsOfAReplay(t *testing.T) {
 	require.Equal(t, opened, b.db.Pool.Stat().NewConnsCount(), "connections opened by the replays")
 }
 
+// A statement that could not be prepared by name for a reason that says
+// nothing of its text (here a lock it waited for too long, while a table
+// it writes was being altered) is prepared by name again once it can be:
+// left to pgx's cache, it would be dropped by every replay's failed batch
+// and prepared again by the next new key, a round trip or two more, for
+// the pool's life.
+func TestAssumeNewKeysPreparesAgainAStatementAfterALockTimedOut(t *testing.T) {
+	t.Parallel()
+	shop := &assumeShop{charges: map[string]int{}}
+	wf := assumeWorkflow(t, shop, false)
+	b, _ := assumeSetup(t, nil, wf)
+	if b.db.Pool.Config().ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
+		t.Skip("statements are prepared by name in pgx's cache_statement mode only")
+	}
+	simple := pgx.QueryExecModeSimpleProtocol
+	prepared := func() map[string]string {
+		rows, err := b.db.Pool.Query(b.ctx, `SELECT name, prepare_time::text FROM pg_prepared_statements`, simple)
+		require.NoError(t, err)
+		m := map[string]string{}
+		for rows.Next() {
+			var name, at string
+			require.NoError(t, rows.Scan(&name, &at))
+			m[name] = at
+		}
+		require.NoError(t, rows.Err())
+		return m
+	}
+	for _, k := range []string{"k1", "k1"} {
+		_, err := b.runner.Run(b.ctx, wf, assumeRequest(k, "rocket"))
+		require.NoError(t, err)
+	}
+
+	// Another session alters the table the first phase writes; the
+	// runner's one connection waits 50 ms for a lock.
+	other, err := pgx.Connect(b.ctx, b.db.URL)
+	require.NoError(t, err)
+	defer other.Close(b.ctx)
+	tx, err := other.Begin(b.ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(b.ctx, `LOCK TABLE effects IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(b.ctx, `SET lock_timeout = '50ms'`, simple)
+	require.NoError(t, err)
+	// The first batch fails on the lock and deallocates its statements;
+	// the second prepares them again, and the first phase's insert waits
+	// for the lock in its preparation and fails there.
+	for _, k := range []string{"n1", "n2"} {
+		_, err := b.runner.Run(b.ctx, wf, assumeRequest(k, "rocket"))
+		require.ErrorContains(t, err, "lock timeout", k)
+	}
+	require.NoError(t, tx.Rollback(b.ctx))
+	_, err = b.db.Pool.Exec(b.ctx, `RESET lock_timeout`, simple)
+	require.NoError(t, err)
+
+	_, err = b.runner.Run(b.ctx, wf, assumeRequest("n3", "rocket"))
+	require.NoError(t, err)
+	before := prepared()
+	for i := range 3 {
+		resp, err := b.runner.Run(b.ctx, wf, assumeRequest("k1", "rocket"))
+		require.NoError(t, err)
+		require.True(t, resp.Replayed)
+		_, err = b.runner.Run(b.ctx, wf, assumeRequest(fmt.Sprintf("new-%d", i), "rocket"))
+		require.NoError(t, err)
+	}
+	require.Equal(t, before, prepared(), "the connection's prepared statements, and when each was prepared")
+	keys, calls := shop.distinctCharges()
+	require.Equal(t, keys, calls, "one charge per key")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects WHERE key IN ('n1', 'n2')`),
+		"nothing of a first unit that failed on the lock")
+}
+
 // A statement prepared by name is never prepared again by pgx: when the
 // server loses it (DEALLOCATE ALL) or its plan goes stale (a column added
 // to a table a RETURNING * reads), every later batch on the connection

@@ -2,9 +2,12 @@ package atomicphase
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -32,12 +35,27 @@ import (
 // name for assumed batches, on each connection.
 const maxAssumedStatements = 256
 
+// retryRefusedAfter is how long a statement the server refused to prepare
+// is left to the batch before it is tried by name again: a table or
+// function it names may be created meanwhile (a migration applied while
+// the process runs).
+const retryRefusedAfter = time.Minute
+
 // assumedStatements are the statement texts a Runner prepares by name on
 // one pool's connections: true for those it prepares, false for those the
-// server refused to prepare (left to the batch, and not tried again).
+// server refused to prepare (left to the batch, as pgx's cache has them,
+// and tried again once retryRefusedAfter has passed since refusedAt).
 type assumedStatements struct {
-	mu    sync.RWMutex
-	texts map[string]bool
+	mu        sync.RWMutex
+	texts     map[string]bool
+	refusedAt map[string]time.Time
+	// now is the clock refusals are timed by (time.Now; a test's own).
+	now func() time.Time
+}
+
+// newAssumedStatements returns an empty set of statement texts.
+func newAssumedStatements() *assumedStatements {
+	return &assumedStatements{texts: map[string]bool{}, refusedAt: map[string]time.Time{}, now: time.Now}
 }
 
 // assumeWay is how a pool's connections run a batch that assumes its key
@@ -61,7 +79,7 @@ func (r *Runner) assumeWayFor(pool *pgxpool.Pool) assumeWay {
 	var w assumeWay
 	switch pool.Config().ConnConfig.DefaultQueryExecMode {
 	case pgx.QueryExecModeCacheStatement:
-		w = assumeWay{ok: true, named: &assumedStatements{texts: map[string]bool{}}}
+		w = assumeWay{ok: true, named: newAssumedStatements()}
 	case pgx.QueryExecModeCacheDescribe:
 	default:
 		w = assumeWay{ok: true}
@@ -71,29 +89,61 @@ func (r *Runner) assumeWayFor(pool *pgxpool.Pool) assumeWay {
 }
 
 // admit reports whether sql is prepared by name: it is when it was
-// admitted before, or when the bound leaves room for it.
+// admitted before, when the bound leaves room for it, or when its refusal
+// is retryRefusedAfter old.
 func (s *assumedStatements) admit(sql string) bool {
 	s.mu.RLock()
 	ok, seen := s.texts[sql]
 	full := len(s.texts) >= maxAssumedStatements
 	s.mu.RUnlock()
-	if seen || full {
+	if ok || (!seen && full) {
 		return ok
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if ok, seen := s.texts[sql]; seen || len(s.texts) >= maxAssumedStatements {
+	if ok, seen := s.texts[sql]; ok || (!seen && len(s.texts) >= maxAssumedStatements) {
 		return ok
+	} else if seen && s.now().Sub(s.refusedAt[sql]) < retryRefusedAfter {
+		return false
 	}
+	delete(s.refusedAt, sql)
 	s.texts[sql] = true
 	return true
 }
 
-// refuse notes that the server refused to prepare sql.
-func (s *assumedStatements) refuse(sql string) {
+// refuse notes that the server refused to prepare sql because of err,
+// unless err says nothing of the statement itself: a lost connection, a
+// cancelled or timed-out request, a lock not granted in time (a table
+// being altered), an overloaded server. Those are tried again by the
+// next batch, where a refusal would leave the statement to pgx's cache,
+// whose invalidation by every replay's failed batch costs round trips,
+// for retryRefusedAfter.
+func (s *assumedStatements) refuse(sql string, err error) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || !refusesTheText(pgErr.Code) {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.texts[sql] = false
+	s.refusedAt[sql] = s.now()
+}
+
+// refusesTheText reports whether a server's error in preparing a statement
+// is about its text, and would come back at once if tried again: a syntax
+// error or one of the names it uses (class 42), a feature the server does
+// not support (0A), an invalid prepared statement (26: one that is more
+// than one statement, say), or a data exception raised while its
+// constants are folded (22).
+func refusesTheText(code string) bool {
+	if len(code) != 5 {
+		return false
+	}
+	switch code[:2] {
+	case "42", "0A", "26", "22":
+		return true
+	}
+	return false
 }
 
 // prepare prepares by name, on conn, every statement of b that admit
@@ -109,7 +159,7 @@ func (s *assumedStatements) prepare(ctx context.Context, conn *pgx.Conn, b *pgx.
 			continue
 		}
 		if _, err := conn.Prepare(ctx, q.SQL, q.SQL); err != nil {
-			s.refuse(q.SQL)
+			s.refuse(q.SQL, err)
 			continue
 		}
 		named = append(named, q.SQL)
