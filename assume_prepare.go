@@ -111,36 +111,40 @@ func (s *assumedStatements) admit(sql string) bool {
 	return true
 }
 
-// refuse notes that the server refused to prepare sql because of err,
-// unless err says nothing of the statement itself: a lost connection, a
-// cancelled or timed-out request, a lock not granted in time (a table
-// being altered), an overloaded server. Those are tried again by the
-// next batch, where a refusal would leave the statement to pgx's cache,
-// whose invalidation by every replay's failed batch costs round trips,
-// for retryRefusedAfter.
-func (s *assumedStatements) refuse(sql string, err error) {
+// refuse notes that the server refused to prepare sql because of err, and
+// reports whether it did: not when err says nothing of the statement
+// itself (a lost connection, a cancelled or timed-out request, a lock not
+// granted in time while a table is altered, an overloaded server). Such
+// a statement is tried again by the next batch: a refusal would leave it
+// to pgx's cache, whose invalidation by every replay's failed batch costs
+// round trips, for retryRefusedAfter.
+func (s *assumedStatements) refuse(sql string, err error) bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || !refusesTheText(pgErr.Code) {
-		return
+		return false
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.texts[sql] = false
 	s.refusedAt[sql] = s.now()
+	return true
 }
 
 // refusesTheText reports whether a server's error in preparing a statement
-// is about its text, and would come back at once if tried again: a syntax
-// error or one of the names it uses (class 42), a feature the server does
-// not support (0A), an invalid prepared statement (26: one that is more
-// than one statement, say), or a data exception raised while its
-// constants are folded (22).
+// is about its text, and would come back if tried again at once: a syntax
+// error, or a name it uses that is not there (class 42; more than one
+// statement in the text is a syntax error too), a schema it names that
+// is not there (3F), a feature the server does not support (0A), a
+// literal the server cannot read as its type (22), or a prepared
+// statement's name the server will not take (26). A statement that an
+// earlier one of its batch makes valid (a table it creates) fails so. Any
+// other error is taken for one that may not come back.
 func refusesTheText(code string) bool {
 	if len(code) != 5 {
 		return false
 	}
 	switch code[:2] {
-	case "42", "0A", "26", "22":
+	case "42", "3F", "0A", "22", "26":
 		return true
 	}
 	return false
@@ -148,7 +152,11 @@ func refusesTheText(code string) bool {
 
 // prepare prepares by name, on conn, every statement of b that admit
 // admits, and returns their texts. A statement the server refuses to
-// prepare is left to the batch, which fails on it as it would have.
+// prepare is left to the batch, which fails on it as it would have. A
+// failure that says nothing of the text ends the preparation there: the
+// batch goes as it is, and its own result is the unit's (each statement
+// after would wait out the same lock or timeout, or fail on the same lost
+// connection, before the batch does).
 func (s *assumedStatements) prepare(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) []string {
 	if s == nil {
 		return nil
@@ -159,7 +167,9 @@ func (s *assumedStatements) prepare(ctx context.Context, conn *pgx.Conn, b *pgx.
 			continue
 		}
 		if _, err := conn.Prepare(ctx, q.SQL, q.SQL); err != nil {
-			s.refuse(q.SQL, err)
+			if !s.refuse(q.SQL, err) {
+				break
+			}
 			continue
 		}
 		named = append(named, q.SQL)

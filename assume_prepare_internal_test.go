@@ -33,15 +33,15 @@ func TestAssumedStatementsRetryARefusal(t *testing.T) {
 		&pgconn.PgError{Code: "XX000"},
 		&pgconn.PgError{Code: ""},
 	} {
-		s.refuse(sql, err)
+		require.False(t, s.refuse(sql, err), "%v", err)
 		require.True(t, s.admit(sql), "after a failure that says nothing of the text: %v", err)
 	}
 
-	for _, code := range []string{"42P01", "42883", "42601", "0A000", "26000", "22012"} {
+	for _, code := range []string{"42P01", "42883", "42601", "3F000", "0A000", "22P02", "26000"} {
 		s := newAssumedStatements()
 		s.now = func() time.Time { return now }
 		require.True(t, s.admit(sql))
-		s.refuse(sql, fmt.Errorf("prepare: %w", &pgconn.PgError{Code: code}))
+		require.True(t, s.refuse(sql, fmt.Errorf("prepare: %w", &pgconn.PgError{Code: code})), code)
 		require.False(t, s.admit(sql), "%s: refused", code)
 		s.now = func() time.Time { return now.Add(retryRefusedAfter - time.Nanosecond) }
 		require.False(t, s.admit(sql), "%s: refused until retryRefusedAfter has passed", code)

@@ -110,6 +110,10 @@ func parseFlags(args []string, errOut io.Writer) (*options, error) {
 		return nil, errors.New("-replay-keys must be at least 1")
 	case o.diagClients < 1:
 		return nil, errors.New("-diag-clients must be at least 1")
+	case o.readFirst && o.assumeNew:
+		// -read-first gives (a) the round trip (b) spends on its read;
+		// under -assume-new-keys (b) spends none.
+		return nil, errors.New("-read-first and -assume-new-keys measure different things: use one at a time")
 	}
 	return o, nil
 }

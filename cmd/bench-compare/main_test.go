@@ -218,7 +218,7 @@ func TestParseFlags(t *testing.T) {
 	require.Equal(t, "x.prof", o.cpuprofile)
 	require.Equal(t, "m.prof", o.memprofile)
 
-	for _, bad := range [][]string{{"-clients", "0"}, {"-clients", "x"}, {"-rounds", "0"}, {"-duration", "0s"}, {"extra"}} {
+	for _, bad := range [][]string{{"-clients", "0"}, {"-clients", "x"}, {"-rounds", "0"}, {"-duration", "0s"}, {"extra"}, {"-read-first", "-assume-new-keys"}} {
 		_, err := parseFlags(bad, io.Discard)
 		require.Error(t, err, "%q", bad)
 	}
