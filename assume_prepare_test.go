@@ -43,6 +43,7 @@ func (p *prepareFailures) TracePrepareEnd(_ context.Context, _ *pgx.Conn, data p
 // such a failure: each would wait out the same lock.
 func TestAssumeNewKeysPreparesAgainAStatementAfterALockTimedOut(t *testing.T) {
 	t.Parallel()
+	atomicphasetest.SkipOnCitus(t, "the option does nothing there, where no transaction commits implicitly (docs/concepts.md, \"Assuming new keys\")")
 	failures := &prepareFailures{}
 	opts := *testDBOpts
 	opts.PoolConfig = func(c *pgxpool.Config) {
