@@ -43,7 +43,7 @@ func ExampleMigrate() {
 	err = elsewhere.CheckSchema(ctx)
 	fmt.Println("search_path: schema missing:", errors.Is(err, atomicphase.ErrSchemaMissing))
 	// Output:
-	// applied: [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21]
+	// applied: [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20]
 	// billing: schema ready
 	// search_path: schema missing: true
 }

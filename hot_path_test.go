@@ -170,7 +170,7 @@ func TestMigrateToMinVersionThenContract(t *testing.T) {
 
 	applied, err = atomicphase.Migrate(b.ctx, b.db.Pool, nil)
 	require.NoError(t, err)
-	require.Equal(t, []int{atomicphase.MinVersion + 1, atomicphase.MinVersion + 2, atomicphase.MinVersion + 3, atomicphase.MinVersion + 4}, applied)
+	require.Equal(t, []int{atomicphase.MinVersion + 1, atomicphase.MinVersion + 2, atomicphase.MinVersion + 3}, applied)
 	require.False(t, indexExists("idempotency_keys_due_idx"))
 	require.NoError(t, b.runner.CheckSchema(b.ctx))
 

@@ -562,34 +562,3 @@ func TestAUnitsOwnMissingFunctionIsNotTheRecordingsMissing(t *testing.T) {
 		})
 	}
 }
-
-// A recording at the head of a unit whose key exists (a replay's batch,
-// with WorkflowOpts.AssumeNewKeys) is refused (AP003) before its
-// transaction takes an id (migration 021): the aborted transaction then
-// writes no WAL and leaves nothing to freeze. Migration 020's function took
-// the id first, and every such replay wrote an abort record. (Not on Citus,
-// where AssumeNewKeys does nothing and the function runs on a worker.)
-func TestARecordingOfAKeyThatExistsTakesNoTransactionID(t *testing.T) {
-	t.Parallel()
-	atomicphasetest.SkipOnCitus(t, "AssumeNewKeys does nothing there, and the function runs on the key's worker")
-	db, r, _ := recordFirstDB(t, 0, "")
-	ctx := context.Background()
-	_, err := r.Run(ctx, queuing("w"), postKey("k"))
-	require.NoError(t, err)
-	tx, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck // read only
-	_, err = tx.Exec(ctx, "SAVEPOINT head")
-	require.NoError(t, err)
-	_, err = tx.Exec(ctx, `SELECT downstream_salt FROM atomicphase_record_first('u', 'k', 'w', '\x00', 'POST', '/w',
-		7, 30000000, '', 'only', NULL, '\x7b7d', NULL, NULL, NULL)`)
-	var pgErr *pgconn.PgError
-	require.ErrorAs(t, err, &pgErr)
-	require.Equal(t, "AP003", pgErr.Code, "the key exists")
-	_, err = tx.Exec(ctx, "ROLLBACK TO SAVEPOINT head")
-	require.NoError(t, err)
-	// A subtransaction that took an id made its parent take one.
-	var assigned *int64
-	require.NoError(t, tx.QueryRow(ctx, `SELECT txid_current_if_assigned()`).Scan(&assigned))
-	require.Nil(t, assigned, "the refused recording took a transaction id")
-}

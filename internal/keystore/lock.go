@@ -168,6 +168,51 @@ SELECT workflow = $4::text AND fingerprint = $5::bytea, response_status, respons
 FROM /* TEMPLATE: schema */idempotency_keys
 WHERE scope = $1 AND idempotency_key = $2`
 
+// peekAssumedSQL is peekSQL for a batch that assumes its key is new
+// (Recording.Assume), ahead of the key's recording: the key's row, if
+// any, and then, for a key that exists, the claim (atomicphase_claim),
+// which refuses it (RecordedMeanwhileCode, or RecordingInFlightCode while
+// another transaction holds the claim's lock) and so ends the batch there,
+// after the row was sent. A replay's batch then runs neither the
+// recording nor the unit, and takes no transaction id (the recording takes
+// one before the key's times, for the sweep's watermark). For a new key
+// the claim is never called: its filter is evaluated only for a row the
+// primary key finds. Not sent on Citus, where no batch assumes (Features).
+const peekAssumedSQL = peekSQL + `
+UNION ALL
+SELECT workflow = $4::text AND fingerprint = $5::bytea, response_status, response_header::text, response_body,
+       (date_part('epoch', locked_at) * 1000000::float8)::int8, coalesce(lease_us, $3::bigint),
+       (date_part('epoch', call_until) * 1000000::float8)::int8, (date_part('epoch', now()) * 1000000::float8)::int8,
+       coalesce(final_parked_at = parked_at, false)
+FROM /* TEMPLATE: schema */idempotency_keys
+WHERE scope = $1 AND idempotency_key = $2 AND /* TEMPLATE: schema */atomicphase_claim($1::text, $2::text) IS NULL`
+
+// aheadRow is the first row of peekAssumedSQL, and, in err, the claim's
+// refusal that followed it.
+type aheadRow struct {
+	rows pgx.Rows
+	err  error
+}
+
+// Scan scans the first row (pgx.ErrNoRows when there is none, or the
+// read's own error) and reads the rest, keeping its error in r.err.
+func (r *aheadRow) Scan(dest ...any) error {
+	defer r.rows.Close()
+	if !r.rows.Next() {
+		r.rows.Close()
+		if err := r.rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := r.rows.Scan(dest...); err != nil {
+		return err
+	}
+	r.rows.Close()
+	r.err = r.rows.Err()
+	return nil
+}
+
 // Peeked is what Peek read about an existing key.
 type Peeked struct {
 	Row
@@ -276,8 +321,10 @@ type Recording struct {
 	req                       *Request
 	lease                     any
 	// peek is set for a recording that assumes its key is new (Assume):
-	// the key's read travels ahead of the claim, in the same batch.
-	peek string
+	// the key's read travels ahead of the claim, in the same batch
+	// (peekAssumedSQL), or, before a transaction block, on its own
+	// (peekAlone: ReadAhead).
+	peek, peekAlone string
 	// Found is what the read ahead of the claim found when the key
 	// existed (the claim then refused it): all a replay or a refusal
 	// needs, in the round trip that was to record the key.
@@ -323,7 +370,7 @@ func (s *Store) NewRecording(req *Request) *Recording {
 // a transaction block reads the key on its own first (ReadAhead), so that
 // a key that exists costs no ROLLBACK.
 func (rec *Recording) Assume(s *Store) {
-	rec.peek = s.sql.peek
+	rec.peek, rec.peekAlone = s.sql.peekAssumed, s.sql.peek
 }
 
 // Assumes reports whether the recording assumes its key is new (Assume).
@@ -335,7 +382,7 @@ func (rec *Recording) Assumes() bool { return rec.peek != "" }
 func (rec *Recording) ReadAhead(ctx context.Context, db DB) error {
 	r := rec.req
 	scope, key := r.Args.scopeKey(r.Scope, r.Key)
-	p, found, err := scanPeeked(db.QueryRow(ctx, rec.peek, scope, key, rec.lease, r.Workflow, r.Args.fingerprint(r.Fingerprint)))
+	p, found, err := scanPeeked(db.QueryRow(ctx, rec.peekAlone, scope, key, rec.lease, r.Workflow, r.Args.fingerprint(r.Fingerprint)))
 	if err != nil {
 		return err
 	}
@@ -413,12 +460,17 @@ func (rec *Recording) Read(br pgx.BatchResults) error {
 	rec.Sent, rec.Recorded = false, false
 	rec.Found = nil
 	if rec.peek != "" {
-		p, found, err := scanPeeked(br.QueryRow())
+		rows, _ := br.Query() // its error, if any, is the rows'
+		ahead := &aheadRow{rows: rows}
+		p, found, err := scanPeeked(ahead)
 		if err != nil {
 			return err
 		}
 		if found {
 			rec.Found = &p
+		}
+		if ahead.err != nil {
+			return rec.refusedAhead(ahead.err)
 		}
 	}
 	if rec.first {
@@ -451,6 +503,23 @@ func (rec *Recording) Read(br pgx.BatchResults) error {
 	// read is out of date.
 	rec.Found = nil
 	return nil
+}
+
+// refusedAhead is Read's answer when the read ahead of the recording
+// (peekAssumedSQL) failed after its row: the claim it ran refused the key,
+// and nothing after the read ran. It answers as the recording's own
+// refusal would have: the key is another request's.
+func (rec *Recording) refusedAhead(err error) error {
+	var pgErr *pgconn.PgError
+	if rec.Found == nil || !errors.As(err, &pgErr) ||
+		pgErr.Code != RecordedMeanwhileCode && pgErr.Code != RecordingInFlightCode {
+		return err
+	}
+	rec.Sent = true
+	if rec.first && pgErr.Code == RecordedMeanwhileCode {
+		return ErrNotRecorded // as ReadFinal answers it
+	}
+	return err
 }
 
 // Final returns the statement that records the key with cp at the commit

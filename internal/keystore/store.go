@@ -73,7 +73,7 @@ type Store struct {
 
 // statements are the statements rendered once for the Store's schema.
 type statements struct {
-	acquire, peek, record, ownedBy, take, renew, release, checkpoint, clearLastError, takeVerdict,
+	acquire, peek, peekAssumed, record, ownedBy, take, renew, release, checkpoint, clearLastError, takeVerdict,
 	inspect, list, unpark, forgetRead, forget, recordResolution,
 	abandoned, unknownWorkflows, reapPick, reapOne, reapParkedPick, reapParkedOne,
 	levels, recentTrouble, page, pageUnfinished, scopeKeys,
@@ -90,6 +90,7 @@ func New(schema string, lockTimeout time.Duration) *Store {
 	return &Store{schema: schema, lockTimeoutUS: us, lockTimeoutArg: us, recordFirstName: r(recordFirstFunction) + recordFirstArgs, sql: statements{
 		acquire:          r(acquireSQL),
 		peek:             r(peekSQL),
+		peekAssumed:      r(peekAssumedSQL),
 		record:           r(recordSQL),
 		ownedBy:          r(ownedBySQL),
 		take:             r(takeSQL),
