@@ -2,6 +2,7 @@ package atomicphase_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -165,6 +166,65 @@ func TestAssumeNewKeysReplayIsAnsweredWhateverRefusesItsRecording(t *testing.T) 
 			var n int
 			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE key = 'k1'`).Scan(&n))
 			require.Equal(t, 2, n, "k1's create and charge rows, once each")
+		})
+	}
+}
+
+// With AssumeNewKeys, on a database whose recording function is gone (a
+// pool at an older schema behind a Router, migration 020 rolled back), a
+// new key is taken on its own, as without the option, and a replay is
+// still answered: pgx's failure to prepare the batch (the function does
+// not exist) comes with the key's read, the batch's first result, and is
+// the recording's missing function, not the request's failure. Before,
+// it failed the first unit, and the key was parked. On a connection that
+// prepared the batch's statements before the function went, and on a new
+// one.
+func TestAssumeNewKeysWithoutTheRecordingsFunctionTakesTheKeyOnItsOwn(t *testing.T) {
+	t.Parallel()
+	atomicphasetest.SkipOnCitus(t, "the option does nothing there, where no transaction commits implicitly (docs/concepts.md, \"Assuming new keys\")")
+	for _, fresh := range []bool{false, true} {
+		t.Run(fmt.Sprintf("newConnection=%t", fresh), func(t *testing.T) {
+			t.Parallel()
+			opts := *testDBOpts
+			opts.PoolConfig = func(c *pgxpool.Config) {
+				c.MaxConns = 1
+				if c.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheDescribe {
+					c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement // the option does nothing in this mode
+				}
+			}
+			db := atomicphasetest.NewDB(t, &opts)
+			ctx := context.Background()
+			runner, err := atomicphase.NewRunner(db.Pool, nil)
+			require.NoError(t, err)
+			wf := assumeWorkflow(t, &assumeShop{charges: map[string]int{}}, false)
+			first := map[string][]byte{}
+			for _, key := range []string{"warm-up", "k1"} {
+				resp, err := runner.Run(ctx, wf, assumeRequest(key, "rocket"))
+				require.NoError(t, err)
+				first[key] = resp.Body
+			}
+			_, err = db.Pool.Exec(ctx, `DROP FUNCTION atomicphase_record_first(text, text, text, bytea, text, text,
+				bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)`)
+			require.NoError(t, err)
+			if fresh {
+				db.Pool.Reset()
+			}
+			for _, key := range []string{"k2", "k1", "k3", "k2"} {
+				resp, err := runner.Run(ctx, wf, assumeRequest(key, "rocket"))
+				require.NoError(t, err, key)
+				if first[key] != nil {
+					require.True(t, resp.Replayed, key)
+					require.Equal(t, first[key], resp.Body, "%s: the replay's bytes", key)
+				} else {
+					require.False(t, resp.Replayed, key)
+					first[key] = resp.Body
+				}
+			}
+			var parked, effects int
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE parked_at IS NOT NULL`).Scan(&parked))
+			require.Zero(t, parked, "no key parked")
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE key IN ('k2', 'k3')`).Scan(&effects))
+			require.Equal(t, 4, effects, "k2's and k3's create and charge rows, once each")
 		})
 	}
 }

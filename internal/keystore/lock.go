@@ -175,9 +175,14 @@ WHERE scope = $1 AND idempotency_key = $2`
 // another transaction holds the claim's lock) and so ends the batch there,
 // after the row was sent. A replay's batch then runs neither the
 // recording nor the unit, and takes no transaction id (the recording takes
-// one before the key's times, for the sweep's watermark). For a new key
-// the claim is never called: its filter is evaluated only for a row the
-// primary key finds. Not sent on Citus, where no batch assumes (Features).
+// one before the key's times, for the sweep's watermark). The second
+// branch never returns a row (a void IS NULL is false): its filter is
+// there to run the claim. For a new key the claim is never called: it is
+// a filter on the rows the primary key's index condition returns (and,
+// in a sequential scan, the costliest test, evaluated last), and the
+// claim is volatile and parallel unsafe, so the plan is a plain Append,
+// which runs its branches in order. Not sent on Citus, where no batch
+// assumes (Features).
 const peekAssumedSQL = peekSQL + `
 UNION ALL
 SELECT workflow = $4::text AND fingerprint = $5::bytea, response_status, response_header::text, response_body,
@@ -188,7 +193,8 @@ FROM /* TEMPLATE: schema */idempotency_keys
 WHERE scope = $1 AND idempotency_key = $2 AND /* TEMPLATE: schema */atomicphase_claim($1::text, $2::text) IS NULL`
 
 // aheadRow is the first row of peekAssumedSQL, and, in err, the claim's
-// refusal that followed it.
+// refusal that followed it (pgx's QueryRow would answer the refusal
+// alone, and lose the row).
 type aheadRow struct {
 	rows pgx.Rows
 	err  error
@@ -342,6 +348,9 @@ type Recording struct {
 	// first is set when the recording went at the head of its unit's only
 	// batch, as the final insert itself (QueueRecord), with no claim.
 	first bool
+	// ahead reads the key's read ahead of the claim (Read), kept here so
+	// that reading it allocates nothing.
+	ahead aheadRow
 }
 
 // ErrRecordFirstMissing is a recording's answer when it went at the head
@@ -461,16 +470,24 @@ func (rec *Recording) Read(br pgx.BatchResults) error {
 	rec.Found = nil
 	if rec.peek != "" {
 		rows, _ := br.Query() // its error, if any, is the rows'
-		ahead := &aheadRow{rows: rows}
-		p, found, err := scanPeeked(ahead)
+		rec.ahead = aheadRow{rows: rows}
+		p, found, err := scanPeeked(&rec.ahead)
+		rec.ahead.rows = nil
 		if err != nil {
-			return err
+			// The batch failed at its first statement: pgx could not
+			// prepare one of them (the recording's function missing,
+			// BeforeRead), or the claim refused the key before the row
+			// was sent.
+			if rec.first {
+				err = rec.BeforeRead(err)
+			}
+			return rec.refusedAhead(err)
 		}
 		if found {
 			rec.Found = &p
 		}
-		if ahead.err != nil {
-			return rec.refusedAhead(ahead.err)
+		if rec.ahead.err != nil {
+			return rec.refusedAhead(rec.ahead.err)
 		}
 	}
 	if rec.first {
@@ -506,13 +523,13 @@ func (rec *Recording) Read(br pgx.BatchResults) error {
 }
 
 // refusedAhead is Read's answer when the read ahead of the recording
-// (peekAssumedSQL) failed after its row: the claim it ran refused the key,
-// and nothing after the read ran. It answers as the recording's own
-// refusal would have: the key is another request's.
+// (peekAssumedSQL) failed: when the claim it ran refused the key (after
+// the read's row, which Found holds), nothing after the read ran, and it
+// answers as the recording's own refusal would have: the key is another
+// request's. Any other error is returned as it is.
 func (rec *Recording) refusedAhead(err error) error {
 	var pgErr *pgconn.PgError
-	if rec.Found == nil || !errors.As(err, &pgErr) ||
-		pgErr.Code != RecordedMeanwhileCode && pgErr.Code != RecordingInFlightCode {
+	if !errors.As(err, &pgErr) || pgErr.Code != RecordedMeanwhileCode && pgErr.Code != RecordingInFlightCode {
 		return err
 	}
 	rec.Sent = true
