@@ -16,6 +16,26 @@ import (
 	"github.com/atomicphase/atomicphase/atomicphasetest"
 )
 
+// assumingOpts is base for a pool AssumeNewKeys works on: in the suite's
+// exec mode, but pgx's default one in QueryExecModeCacheDescribe, where
+// the option does nothing; with tracer, if any, and at most maxConns
+// connections (0: the pool's default).
+func assumingOpts(base *atomicphasetest.Options, tracer pgx.QueryTracer, maxConns int32) *atomicphasetest.Options {
+	opts := *base
+	opts.PoolConfig = func(c *pgxpool.Config) {
+		if tracer != nil {
+			c.ConnConfig.Tracer = tracer
+		}
+		if maxConns > 0 {
+			c.MaxConns = maxConns
+		}
+		if c.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheDescribe {
+			c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement
+		}
+	}
+	return &opts
+}
+
 // recordingCapture is a pgx tracer keeping the statements of the last
 // batch that records a key at the head of its unit, up to that recording,
 // with their arguments.
@@ -64,15 +84,7 @@ func TestAssumeNewKeysReplayTakesNoTransactionID(t *testing.T) {
 	t.Parallel()
 	atomicphasetest.SkipOnCitus(t, "the option does nothing there, where no transaction commits implicitly (docs/concepts.md, \"Assuming new keys\")")
 	capture := &recordingCapture{}
-	opts := *testDBOpts
-	opts.PoolConfig = func(c *pgxpool.Config) {
-		c.ConnConfig.Tracer = capture
-		if c.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheDescribe {
-			// The option does nothing in this mode.
-			c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement
-		}
-	}
-	db := atomicphasetest.NewDB(t, &opts)
+	db := atomicphasetest.NewDB(t, assumingOpts(testDBOpts, capture, 0))
 	runner, err := atomicphase.NewRunner(db.Pool, nil)
 	require.NoError(t, err)
 	ctx := context.Background()
@@ -130,14 +142,7 @@ func TestAssumeNewKeysReplayIsAnsweredWhateverRefusesItsRecording(t *testing.T) 
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			counter := &atomicphasetest.RoundTrips{}
-			opts := *unmigratedDBOpts
-			opts.PoolConfig = func(c *pgxpool.Config) {
-				c.ConnConfig.Tracer = counter
-				if c.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheDescribe {
-					c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement // the option does nothing in this mode
-				}
-			}
-			db := atomicphasetest.NewDB(t, &opts)
+			db := atomicphasetest.NewDB(t, assumingOpts(unmigratedDBOpts, counter, 0))
 			ctx := context.Background()
 			_, err := atomicphase.Migrate(ctx, db.Pool, &atomicphase.MigrateOpts{TargetVersion: tc.target})
 			require.NoError(t, err)
@@ -185,14 +190,7 @@ func TestAssumeNewKeysWithoutTheRecordingsFunctionTakesTheKeyOnItsOwn(t *testing
 	for _, fresh := range []bool{false, true} {
 		t.Run(fmt.Sprintf("newConnection=%t", fresh), func(t *testing.T) {
 			t.Parallel()
-			opts := *testDBOpts
-			opts.PoolConfig = func(c *pgxpool.Config) {
-				c.MaxConns = 1
-				if c.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheDescribe {
-					c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement // the option does nothing in this mode
-				}
-			}
-			db := atomicphasetest.NewDB(t, &opts)
+			db := atomicphasetest.NewDB(t, assumingOpts(testDBOpts, nil, 1))
 			ctx := context.Background()
 			runner, err := atomicphase.NewRunner(db.Pool, nil)
 			require.NoError(t, err)
