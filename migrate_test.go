@@ -84,7 +84,7 @@ func TestMigrationsGoDownAndUpAgain(t *testing.T) {
 // allObjects is what the migrations create, as schemaObjects lists it.
 var allObjects = []string{
 	"function atomicphase_acquire", "function atomicphase_admit", "function atomicphase_admit", "function atomicphase_checkpoint",
-	"function atomicphase_claim", "function atomicphase_deletable", "function atomicphase_held_until", "function atomicphase_key_delete", "function atomicphase_key_status", "function atomicphase_lock_expires",
+	"function atomicphase_claim", "function atomicphase_deletable", "function atomicphase_held_until", "function atomicphase_key_delete", "function atomicphase_key_status", "function atomicphase_key_table_fired", "function atomicphase_lock_expires",
 	"function atomicphase_lock_takeable", "function atomicphase_record", "function atomicphase_record", "function atomicphase_record",
 	"function atomicphase_record_first", "function atomicphase_record_resolution", "function atomicphase_record_unit", "function atomicphase_record_verdict", "function atomicphase_release", "function atomicphase_release", "function atomicphase_release",
 	"function atomicphase_renew",
@@ -234,17 +234,22 @@ func TestMigrateRejectsAnOverlongSchema(t *testing.T) {
 	require.Zero(t, n, "nothing was created, not even a truncated schema")
 }
 
-func TestSchemaFileAppliesOnItsOwn(t *testing.T) {
-	t.Parallel()
-	db := atomicphasetest.NewDB(t, &atomicphasetest.Options{SkipMigrations: true})
+// applySchemaFile applies schema.sql to db statement by statement, as psql
+// -f runs it: its concurrent index builds cannot run in one transaction.
+func applySchemaFile(t *testing.T, db *atomicphasetest.DB) {
+	t.Helper()
 	schema, err := os.ReadFile("schema.sql")
 	require.NoError(t, err)
-	// Statement by statement, as psql -f runs it: the concurrent index
-	// builds cannot run in one transaction.
 	for _, stmt := range atomicphase.SplitStatements(string(schema)) {
 		_, err = db.Pool.Exec(t.Context(), stmt)
 		require.NoError(t, err, stmt)
 	}
+}
+
+func TestSchemaFileAppliesOnItsOwn(t *testing.T) {
+	t.Parallel()
+	db := atomicphasetest.NewDB(t, &atomicphasetest.Options{SkipMigrations: true})
+	applySchemaFile(t, db)
 	runner, err := atomicphase.NewRunner(db.Pool, nil)
 	require.NoError(t, err)
 	wf := atomicphase.MustWorkflow("one", startEmpty[struct{}], []atomicphase.Phase[struct{}]{

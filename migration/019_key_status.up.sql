@@ -122,12 +122,50 @@ $$;
 -- such a request pays nothing: a BEFORE UPDATE or DELETE row trigger
 -- makes PostgreSQL lock the row first, one more WAL record (54 bytes) for
 -- every write, and a function named in a WHEN clause is inlined, its body
--- parsed, for every statement (docs/performance.md). The functions run
--- as their owner, on a search_path of the key table's schema alone (set
--- below, pg_temp last, so that no session's temporary table stands in
--- for one of theirs): a writer that may write the key table (a previous
--- release's role, a restore) needs no grant on the history, nor the
--- schema on its path.
+-- parsed, for every statement (docs/performance.md).
+--
+-- The functions grant nothing: they run as the role whose write fired
+-- them (not as their owner), so a writer needs its own grants on the
+-- history and the audit trail (docs/security-and-limits.md, "Database
+-- roles"; the check at the end of this file), and each one refuses,
+-- before it reads anything of the row, to run for any table but the key
+-- table (atomicphase_key_table_fired), and may be attached to a table by
+-- no role but their owner (EXECUTE is revoked from PUBLIC below: firing
+-- a trigger asks for no EXECUTE, creating one does). Their search_path is
+-- the key table's schema alone (set below, pg_temp last, so that no
+-- session's temporary table stands in for one of theirs), whatever the
+-- writing session's path holds.
+
+-- atomicphase_key_table_fired raises AP012 unless relation is the key
+-- table or, on a Citus node, one of its shards: what the trigger
+-- functions below check first, so that a role that attaches one of them
+-- to a table of its own (a temporary table with the key table's columns)
+-- gets an error, not the function's writes to the real tables.
+CREATE FUNCTION /* TEMPLATE: schema */atomicphase_key_table_fired(p_relation oid) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_keys regclass := (SELECT t.typrelid FROM pg_catalog.pg_type t
+                        WHERE t.oid = pg_typeof(NULL::/* TEMPLATE: schema */idempotency_keys));
+    v_shard boolean := false;
+BEGIN
+    IF p_relation = v_keys THEN
+        RETURN;
+    END IF;
+    -- A shard of the key table, named after it with its shard id, in its
+    -- schema (read apart: pg_dist_shard is there only with Citus).
+    IF EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+        EXECUTE $q$SELECT EXISTS (
+                SELECT FROM pg_catalog.pg_dist_shard s, pg_catalog.pg_class k, pg_catalog.pg_class r
+                WHERE s.logicalrelid = $1 AND k.oid = $1 AND r.oid = $2
+                  AND r.relnamespace = k.relnamespace AND r.relname = k.relname || '_' || s.shardid)$q$
+            INTO v_shard USING v_keys, p_relation;
+    END IF;
+    IF NOT v_shard THEN
+        RAISE EXCEPTION 'atomicphase''s key triggers run for its key table only, not for %', p_relation::regclass
+            USING ERRCODE = 'AP012';
+    END IF;
+END
+$$;
 
 -- atomicphase_key_status: after a write that moves a key off the happy
 -- path or along it after (the WHEN clause: everything but a write of a
@@ -138,13 +176,18 @@ $$;
 -- of the row, made from the trigger, which changes the status only, and
 -- fires nothing (a write from inside a trigger that changes the status).
 CREATE FUNCTION /* TEMPLATE: schema */atomicphase_key_status() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
-    v_from   text := /* TEMPLATE: schema */atomicphase_status_of(OLD.response_status, OLD.parked_at, OLD.locked_at, OLD.unknown_at);
-    v_to     text := /* TEMPLATE: schema */atomicphase_status_of(NEW.response_status, NEW.parked_at, NEW.locked_at, NEW.unknown_at);
+    v_from   text;
+    v_to     text;
     v_status text;
     v_event  text;
 BEGIN
+    -- Only for the key table (see atomicphase_key_table_fired): nothing
+    -- of NEW or OLD is read before.
+    PERFORM /* TEMPLATE: schema */atomicphase_key_table_fired(TG_RELID);
+    v_from := /* TEMPLATE: schema */atomicphase_status_of(OLD.response_status, OLD.parked_at, OLD.locked_at, OLD.unknown_at);
+    v_to := /* TEMPLATE: schema */atomicphase_status_of(NEW.response_status, NEW.parked_at, NEW.locked_at, NEW.unknown_at);
     IF NOT /* TEMPLATE: schema */atomicphase_status_may_change(v_from, v_to) THEN
         RAISE EXCEPTION 'idempotency key % is %: no operation makes it %', OLD.idempotency_key, v_from, v_to
             USING ERRCODE = 'AP010';
@@ -215,10 +258,11 @@ $$;
 -- clause leaves out a key that never went wrong and may be deleted (what
 -- the reaper deletes).
 CREATE FUNCTION /* TEMPLATE: schema */atomicphase_key_delete() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
     v_allowed boolean := false;
 BEGIN
+    PERFORM /* TEMPLATE: schema */atomicphase_key_table_fired(TG_RELID);
     IF /* TEMPLATE: schema */atomicphase_deletable(OLD.response_status, OLD.parked_at, OLD.locked_at,
                                                    OLD.unknown_at, OLD.called_at, OLD.call_until)
        OR current_setting('atomicphase.forget_forced', true) = 'on' THEN
@@ -258,6 +302,34 @@ DECLARE
 BEGIN
     EXECUTE format('ALTER FUNCTION %I.atomicphase_key_status() SET search_path = %I, pg_temp', v_schema, v_schema);
     EXECUTE format('ALTER FUNCTION %I.atomicphase_key_delete() SET search_path = %I, pg_temp', v_schema, v_schema);
+    EXECUTE format('ALTER FUNCTION %I.atomicphase_key_table_fired(oid) SET search_path = %I, pg_temp', v_schema, v_schema);
+END
+$$;
+REVOKE EXECUTE ON FUNCTION /* TEMPLATE: schema */atomicphase_key_status() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION /* TEMPLATE: schema */atomicphase_key_delete() FROM PUBLIC;
+
+-- The history's grants: each role granted UPDATE or DELETE on the key
+-- table (PUBLIC too, where it is) gets SELECT, INSERT, UPDATE and DELETE
+-- on the history, which its writes of the key table now make as its own
+-- (a previous release, running as such a role while this one rolls out,
+-- thus keeps working). A role granted the key table later needs them too
+-- (docs/security-and-limits.md, "Database roles").
+DO $$
+DECLARE
+    v_keys    regclass := (SELECT t.typrelid FROM pg_catalog.pg_type t
+                           WHERE t.oid = pg_typeof(NULL::/* TEMPLATE: schema */idempotency_keys));
+    v_history regclass := (SELECT t.typrelid FROM pg_catalog.pg_type t
+                           WHERE t.oid = pg_typeof(NULL::/* TEMPLATE: schema */atomicphase_key_history));
+    v_grantee text;
+BEGIN
+    FOR v_grantee IN
+        SELECT DISTINCT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END
+        FROM pg_catalog.pg_class c, aclexplode(c.relacl) a
+        LEFT JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
+        WHERE c.oid = v_keys AND a.privilege_type IN ('UPDATE', 'DELETE') AND a.grantee <> c.relowner
+    LOOP
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s', v_history, v_grantee);
+    END LOOP;
 END
 $$;
 
