@@ -3,6 +3,7 @@ package apvet_test
 import (
 	"fmt"
 	"go/ast"
+	"go/token"
 	"go/types"
 	"os"
 	"path/filepath"
@@ -27,23 +28,34 @@ import (
 // any mistake missed; the counts below are what docs/apvet.md states.
 func TestCorpus(t *testing.T) {
 	testdata := analysistest.TestData()
-	var sound []*analysistest.Result
-	sound = append(sound, analysistest.Run(t, testdata, apvet.Analyzer, "corpus/sound/...")...)
-	if _, err := os.Stat(filepath.Join("..", "examples", "go.mod")); err == nil {
-		sound = append(sound, analysistest.Run(t, filepath.Join("..", "examples"), apvet.Analyzer, "./...")...)
-	} else {
+	sound := analysistest.Run(t, testdata, apvet.Analyzer, "corpus/sound/...")
+	if _, err := os.Stat(filepath.Join("..", "examples", "go.mod")); err != nil {
 		t.Fatalf("the examples are not beside apvet (%v): the corpus counts them", err)
 	}
+	// The examples are loaded within the workspace, not by analysistest
+	// (corpus_examples_test.go says why); any finding there is unexpected.
+	examples := analyzeExamples(t)
 	mistakes := analysistest.Run(t, testdata, apvet.Analyzer, "corpus/mistakes/...")
 
 	phases := map[string]bool{}
 	falsePositives := map[string]bool{}
 	for _, r := range sound {
-		for _, p := range phaseFuncs(r) {
+		for _, p := range phaseFuncs(r.Pass.Fset, r.Pass.Files, r.Pass.TypesInfo) {
 			phases[p] = true
 		}
 		for _, d := range r.Diagnostics {
 			falsePositives[r.Pass.Fset.Position(d.Pos).String()+d.Message] = true
+		}
+	}
+	for _, act := range examples {
+		pkg := act.Package
+		for _, p := range phaseFuncs(pkg.Fset, pkg.Syntax, pkg.TypesInfo) {
+			phases[p] = true
+		}
+		for _, d := range act.Diagnostics {
+			pos := pkg.Fset.Position(d.Pos).String()
+			t.Errorf("%s: unexpected finding in the examples: %s", pos, d.Message)
+			falsePositives[pos+d.Message] = true
 		}
 	}
 
@@ -94,9 +106,10 @@ func TestCorpus(t *testing.T) {
 	}
 }
 
-// phaseFuncs lists, as file:line, the functions apvet checks as phases in
-// r's package: those taking an atomicphase.Tx or a *atomicphase.ForeignCall.
-func phaseFuncs(r *analysistest.Result) []string {
+// phaseFuncs lists, as file:line:column, the functions apvet checks as
+// phases in a package's files: those taking an atomicphase.Tx or a
+// *atomicphase.ForeignCall.
+func phaseFuncs(fset *token.FileSet, files []*ast.File, info *types.Info) []string {
 	var out []string
 	isPhaseParam := func(t types.Type) bool {
 		if p, ok := t.(*types.Pointer); ok {
@@ -106,7 +119,7 @@ func phaseFuncs(r *analysistest.Result) []string {
 		return ok && n.Obj().Pkg() != nil && n.Obj().Pkg().Path() == "github.com/atomicphase/atomicphase" &&
 			(n.Obj().Name() == "Tx" || n.Obj().Name() == "ForeignCall")
 	}
-	for _, f := range r.Pass.Files {
+	for _, f := range files {
 		ast.Inspect(f, func(n ast.Node) bool {
 			var ft *ast.FuncType
 			switch x := n.(type) {
@@ -121,8 +134,8 @@ func phaseFuncs(r *analysistest.Result) []string {
 				return true
 			}
 			for _, field := range ft.Params.List {
-				if t := r.Pass.TypesInfo.TypeOf(field.Type); t != nil && isPhaseParam(t) {
-					p := r.Pass.Fset.Position(n.Pos())
+				if t := info.TypeOf(field.Type); t != nil && isPhaseParam(t) {
+					p := fset.Position(n.Pos())
 					out = append(out, strings.TrimPrefix(fmt.Sprintf("%s:%d:%d", p.Filename, p.Line, p.Column), "/"))
 					break
 				}
