@@ -140,14 +140,47 @@ func (a *attempt) parkOnPanic(ctx context.Context) {
 	if p == nil {
 		return
 	}
+	a.parkAfterPanic(ctx, p)
+	panic(p)
+}
+
+// loopNew runs the workflow of a key this attempt records with its first
+// unit, from its first phase. A panic parks the key and goes on, as in
+// run; but when the key turns out to be another request's (recorded while
+// this one's first unit ran, before it knew), the panic, of code run
+// before that was known, is not this request's: it is answered by found
+// (as run answers a key it finds), which lets the panic go on only for a
+// key that does not exist after all.
+func (a *attempt) loopNew(ctx context.Context, state []byte, found func(p any) (*Response, error)) (resp *Response, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			if a.parkAfterPanic(ctx, p) {
+				panic(p)
+			}
+			resp, err = found(p)
+		}
+	}()
+	return a.loop(ctx, 0, state)
+}
+
+// parkAfterPanic lets go of what the attempt holds after its code panicked
+// with p: the connection it was handed and not yet used, then the key,
+// parked with the panic and its stack. It reports false, parking nothing,
+// when the key turns out not to be this attempt's (another request
+// recorded it while this one's first unit, riding unrecorded, ran).
+func (a *attempt) parkAfterPanic(ctx context.Context, p any) (ours bool) {
+	if a.conn != nil {
+		a.conn.Release()
+		a.conn = nil
+	}
 	why := fmt.Errorf("panic: %v\n%s", p, debug.Stack())
 	if ours, _ := a.recordAlone(ctx); !ours {
-		panic(p)
+		return false
 	}
 	if released, perr := a.r.release(ctx, a.scope, a.key, a.token, why, 0, parkFinal, false, a.paid); perr != nil {
 		a.log(ctx, slog.LevelError, "atomicphase: parking after a panic failed", "error", perr)
 	} else if released {
 		a.r.observe(ctx, Event{Kind: EventParked, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Err: why})
 	}
-	panic(p)
+	return true
 }

@@ -2,7 +2,9 @@ package atomicphase
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"time"
 )
 
@@ -148,6 +150,29 @@ func (f ObserverFunc) StartSpan(ctx context.Context, _ Span) (context.Context, f
 	return ctx, func(error) {}
 }
 
+// The Config's hooks (the Observer's methods, RedactKey, RedactError) are
+// called while a request holds what it must let go of (a pooled
+// connection, its key's lease), often from the code that lets it go. A
+// panic in one is recovered where the hook is called, logged with its
+// stack (Config.Logger, else slog's default logger, as net/http logs a
+// handler's panic), and the request goes on without what the hook was to
+// give: the event is dropped, the span not opened or not ended, the text
+// withheld. A hook thus never strands a connection or a key; its bug is
+// reported, not hidden.
+
+// hookPanicked reports a panic recovered from hook.
+func (r *Runner) hookPanicked(ctx context.Context, hook string, p any) {
+	l := r.cfg.Logger
+	if l == nil {
+		l = slog.Default()
+	}
+	l.Log(ctx, slog.LevelError, "atomicphase: "+hook+" panicked; the request went on without it",
+		"panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+}
+
+// withheldText stands in for a text whose redaction panicked.
+const withheldText = "(withheld: Config.RedactError panicked)"
+
 // observe reports e, if anyone listens, with the scope and key redacted.
 func (r *Runner) observe(ctx context.Context, e Event) {
 	if r.cfg.Observer == nil {
@@ -155,29 +180,62 @@ func (r *Runner) observe(ctx context.Context, e Event) {
 	}
 	e.Scope, e.Key = r.redact(e.Scope, e.Key)
 	e.Err = r.redactError(e.Err)
+	defer func() {
+		if p := recover(); p != nil {
+			r.hookPanicked(ctx, "Config.Observer's Observe", p)
+		}
+	}()
 	r.cfg.Observer.Observe(ctx, e)
 }
 
 // span opens a span, if anyone listens.
-func (r *Runner) span(ctx context.Context, s Span) (context.Context, func(error)) {
+func (r *Runner) span(ctx context.Context, s Span) (sctx context.Context, end func(error)) {
 	if r.cfg.Observer == nil {
 		return ctx, noEnd
 	}
 	s.Scope, s.Key = r.redact(s.Scope, s.Key)
-	ctx, end := r.cfg.Observer.StartSpan(ctx, s)
-	if r.cfg.RedactError == nil {
-		return ctx, end
+	defer func() {
+		if p := recover(); p != nil {
+			r.hookPanicked(ctx, "Config.Observer's StartSpan", p)
+			sctx, end = ctx, noEnd
+		}
+	}()
+	sctx, observerEnd := r.cfg.Observer.StartSpan(ctx, s)
+	return sctx, func(err error) {
+		err = r.redactError(err)
+		defer func() {
+			if p := recover(); p != nil {
+				r.hookPanicked(ctx, "the end of a span of Config.Observer's", p)
+			}
+		}()
+		observerEnd(err)
 	}
-	return ctx, func(err error) { end(r.redactError(err)) }
 }
 
 func noEnd(error) {}
 
-func (r *Runner) redact(scope, key string) (string, string) {
+func (r *Runner) redact(scope, key string) (rs, rk string) {
 	if r.cfg.RedactKey == nil {
 		return scope, key
 	}
+	defer func() {
+		if p := recover(); p != nil {
+			r.hookPanicked(context.Background(), "Config.RedactKey", p)
+			rs, rk = "(withheld)", "(withheld)"
+		}
+	}()
 	return r.cfg.RedactKey(scope, key)
+}
+
+// redactText is msg as Config.RedactError rewrites it (which is set).
+func (r *Runner) redactText(msg string) (out string) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.hookPanicked(context.Background(), "Config.RedactError", p)
+			out = withheldText
+		}
+	}()
+	return r.cfg.RedactError(msg)
 }
 
 // logKey logs msg about a key: every line names the workflow, scope and key
@@ -205,7 +263,7 @@ func (r *Runner) RedactError(msg string) string {
 	if r.cfg.RedactError == nil {
 		return msg
 	}
-	return r.cfg.RedactError(msg)
+	return r.redactText(msg)
 }
 
 // redactError is err with its text as Config.RedactError rewrites it; nil
@@ -214,7 +272,7 @@ func (r *Runner) redactError(err error) error {
 	if err == nil || r.cfg.RedactError == nil {
 		return err
 	}
-	return &redactedError{msg: r.cfg.RedactError(err.Error()), err: err}
+	return &redactedError{msg: r.redactText(err.Error()), err: err}
 }
 
 // redactedError shows redacted text and unwraps to the original error, so

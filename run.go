@@ -163,8 +163,16 @@ func (r *Runner) fusesRecording(wf AnyWorkflow) bool {
 // function refuses, read then: a request reusing another's key is told
 // so, whatever its input.
 func (r *Runner) runNew(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, key keystore.KeyArgs, pc *pgxpool.Conn, assume *assumeWay) (resp *Response, err error) {
-	state, err := r.initialState(ctx, wf, req)
-	if err != nil {
+	state, err, p := r.initialStateOn(ctx, wf, req, pc)
+	switch {
+	case p != nil && assume != nil:
+		// The key was not read: one that exists is answered as it is (a
+		// finished key's answer is its stored one, whatever the code does
+		// now), and only a new key's request meets the panic.
+		return r.answerFoundOrPanic(ctx, wf, req, fp, key, p)
+	case p != nil:
+		panic(p)
+	case err != nil:
 		if assume != nil {
 			return r.runRefusedStart(ctx, wf, req, fp, key, pc, err)
 		}
@@ -182,8 +190,9 @@ func (r *Runner) runNew(ctx context.Context, wf AnyWorkflow, req *Request, fp Fi
 		rec.Assume(r.store)
 		a.assumed = assume.named
 	}
-	defer a.parkOnPanic(ctx)
-	resp, err = a.loop(ctx, 0, state)
+	resp, err = a.loopNew(ctx, state, func(p any) (*Response, error) {
+		return r.answerFoundOrPanic(ctx, wf, req, fp, key, p)
+	})
 	if errors.Is(err, keystore.ErrNotRecorded) {
 		if rec.Found != nil {
 			return r.runFound(ctx, wf, req, fp, rec.Found)
@@ -207,6 +216,54 @@ func (r *Runner) runRefusedStart(ctx context.Context, wf AnyWorkflow, req *Reque
 		return nil, startErr
 	}
 	return r.runFound(ctx, wf, req, fp, &p)
+}
+
+// initialStateOn is initialState for a request that holds pc: a panic
+// of the start function (or of the input's decoding) releases pc and is
+// returned as p, for the caller to answer or let go on.
+func (r *Runner) initialStateOn(ctx context.Context, wf AnyWorkflow, req *Request, pc *pgxpool.Conn) (state []byte, err error, p any) {
+	defer func() {
+		if p = recover(); p != nil {
+			pc.Release()
+		}
+	}()
+	state, err = r.initialState(ctx, wf, req)
+	return state, err, nil
+}
+
+// answerFoundOrPanic answers a request that panicked with p before it
+// knew its key: a start function run before the key was read
+// (WorkflowOpts.AssumeNewKeys), or a first unit whose key, riding in it
+// unrecorded, another request recorded meanwhile. The key is read, and one
+// that exists is answered as run answers a key it finds (a finished key's
+// answer is its stored one, whatever the code does now); for a key that
+// does not exist the panic goes on.
+func (r *Runner) answerFoundOrPanic(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, key keystore.KeyArgs, p any) (*Response, error) {
+	found, resp, err := r.answerIfFound(ctx, wf, req, fp, key)
+	if !found {
+		panic(p)
+	}
+	return resp, err
+}
+
+// answerIfFound reads the key and, when it exists, answers req as run
+// answers a key it finds; found is false, with nothing answered, for a
+// key that does not exist. A failed read is answered (found).
+func (r *Runner) answerIfFound(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, key keystore.KeyArgs) (found bool, resp *Response, err error) {
+	pc, err := r.poolFor(req.Scope).Acquire(ctx)
+	if err != nil {
+		return true, nil, r.storeFailed(ctx, wf, req, "acquire key", err)
+	}
+	p, found, err := r.store.Peek(ctx, pc.Conn(), key, wf.Name())
+	pc.Release()
+	switch {
+	case err != nil:
+		return true, nil, r.storeFailed(ctx, wf, req, "acquire key", err)
+	case !found:
+		return false, nil, nil
+	}
+	resp, err = r.runFound(ctx, wf, req, fp, &p)
+	return true, resp, err
 }
 
 // runExisting acquires the key in one statement, which records it when it

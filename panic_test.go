@@ -1,0 +1,233 @@
+package atomicphase_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+)
+
+// A panic anywhere in a request, the application's code or a hook's, keeps
+// nothing: no pooled connection, no key held by a lease that runs on, no
+// goroutine. The panic still goes on to the caller (net/http's server,
+// say, which closes the connection), but only once the request's
+// resources are let go; the next request is served.
+
+// armedAt is the one place a panicTest's request panics: "" for none.
+type armedAt struct{ atomic.Value }
+
+func (a *armedAt) at(point string) bool { v, _ := a.Load().(string); return v == point }
+
+func (a *armedAt) hit(point string) {
+	if a.at(point) {
+		panic("panic in " + point)
+	}
+}
+
+// panicInput is a request's input whose decoding panics when armed.
+type panicInput struct {
+	armed *armedAt
+	N     int `json:"n"`
+}
+
+// panicTestArmed is the armedAt of the test running panicInput's decoding
+// (a json.Unmarshaler has no other way to reach it): one test at a time.
+var panicTestArmed atomic.Pointer[armedAt]
+
+func (p *panicInput) UnmarshalJSON(b []byte) error {
+	panicTestArmed.Load().hit("input")
+	type plain panicInput
+	return json.Unmarshal(b, (*plain)(p))
+}
+
+type panicState struct {
+	N      int  `json:"n"`
+	Called bool `json:"called"`
+}
+
+// panicObserver panics in each of its methods when armed there.
+type panicObserver struct{ armed *armedAt }
+
+func (o panicObserver) Observe(_ context.Context, e atomicphase.Event) {
+	o.armed.hit("observe")
+	o.armed.hit("observe " + string(e.Kind))
+}
+
+func (o panicObserver) StartSpan(ctx context.Context, s atomicphase.Span) (context.Context, func(error)) {
+	o.armed.hit("span")
+	return ctx, func(error) { o.armed.hit("span end") }
+}
+
+// panicWorkflows are the ways a request goes in: a workflow that begins
+// with a local phase (its key recorded with its first unit), the same
+// assuming new keys, and one that begins with a foreign phase (its key
+// acquired on its own). Each has a local phase, a foreign phase with a
+// reconcile function, and a responding phase.
+func panicWorkflows(armed *armedAt, failCall *atomic.Bool) map[string]*atomicphase.Workflow[panicState] {
+	start := func(in panicInput, _ *atomicphase.Request) (panicState, error) {
+		armed.hit("start")
+		return panicState{N: in.N}, nil
+	}
+	local := atomicphase.Local("local", func(ctx context.Context, tx atomicphase.Tx, s *panicState) (atomicphase.Outcome, error) {
+		armed.hit("local")
+		_, err := tx.Exec(ctx, `INSERT INTO effects (scope, key, phase) VALUES ('', '', 'local')`)
+		return atomicphase.Continue(), err
+	})
+	foreign := atomicphase.Foreign("charge", func(ctx context.Context, call *atomicphase.ForeignCall, s *panicState) error {
+		armed.hit("call")
+		if failCall.Load() {
+			return errors.New("the downstream timed out")
+		}
+		s.Called = true
+		return nil
+	}, func(context.Context, atomicphase.Tx, *panicState) (atomicphase.Outcome, error) {
+		armed.hit("record")
+		return atomicphase.Continue(), nil
+	}).WithReconcile(func(ctx context.Context, call *atomicphase.ForeignCall, s *panicState) (bool, error) {
+		armed.hit("reconcile")
+		return false, nil
+	})
+	respond := atomicphase.Local("respond", func(context.Context, atomicphase.Tx, *panicState) (atomicphase.Outcome, error) {
+		armed.hit("respond")
+		return atomicphase.Respond(201, []byte("done")), nil
+	})
+	return map[string]*atomicphase.Workflow[panicState]{
+		"recorded with its first unit": atomicphase.MustWorkflow("panic_fused", start, []atomicphase.Phase[panicState]{local, foreign, respond}, nil),
+		"assuming new keys": atomicphase.MustWorkflow("panic_assumed", start, []atomicphase.Phase[panicState]{local, foreign, respond},
+			&atomicphase.WorkflowOpts{AssumeNewKeys: true}),
+		"acquired on its own": atomicphase.MustWorkflow("panic_acquired", start, []atomicphase.Phase[panicState]{foreign, local, respond}, nil),
+	}
+}
+
+// Not parallel: it counts the library's goroutines, which no other test
+// runs meanwhile.
+func TestAPanicAnywhereKeepsNothing(t *testing.T) {
+	armed := &armedAt{}
+	armed.Store("")
+	require.True(t, panicTestArmed.CompareAndSwap(nil, armed), "one test at a time decodes panicInput")
+	t.Cleanup(func() { panicTestArmed.Store(nil) })
+	b := setup(t, nil)
+	var failCall atomic.Bool
+	workflows := panicWorkflows(armed, &failCall)
+	points := []string{"start", "input", "local", "call", "record", "respond", "reconcile",
+		"observe", "observe reserve.created", "observe phase.committed", "span", "span end", "redact key", "redact error"}
+	goroutines := libraryGoroutines()
+	n := 0
+	for way, wf := range workflows {
+		for _, point := range points {
+			n++
+			key := fmt.Sprintf("k%d", n)
+			t.Run(fmt.Sprintf("%s, a panic in %s", way, point), func(t *testing.T) {
+				// A pool of its own, of two connections: one kept is
+				// seen, and two would stop the next request. (One that
+				// keeps a connection is left open: its Close would wait
+				// for ever.)
+				cfg, err := pgxpool.ParseConfig(b.db.URL)
+				require.NoError(t, err)
+				cfg.MaxConns = 2
+				pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+				require.NoError(t, err)
+				runner, err := atomicphase.NewRunner(pool, &atomicphase.Config{
+					Observer: panicObserver{armed},
+					RedactKey: func(scope, key string) (string, string) {
+						armed.hit("redact key")
+						return scope, key
+					},
+					RedactError: func(msg string) string {
+						armed.hit("redact error")
+						return msg
+					},
+					Logger:      slog.New(slog.DiscardHandler),
+					LockTimeout: 10 * time.Second,
+				})
+				require.NoError(t, err)
+				panicKeepsNothing(t, runner, pool, wf, key, point, armed, &failCall)
+				pool.Close()
+			})
+		}
+	}
+	deadline := time.Now().Add(time.Minute)
+	for libraryGoroutines() > goroutines && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.LessOrEqual(t, libraryGoroutines(), goroutines, "a goroutine of the library's outlives its request:\n%s", goroutineDump())
+}
+
+// panicKeepsNothing runs one case of TestAPanicAnywhereKeepsNothing: a
+// request of wf that panics at point (or, for a hook, is served without
+// it), then its retry, then another key's request, with nothing kept.
+func panicKeepsNothing(t *testing.T, runner *atomicphase.Runner, pool *pgxpool.Pool, wf atomicphase.AnyWorkflow,
+	key, point string, armed *armedAt, failCall *atomic.Bool) {
+	t.Helper()
+	req := atomicphase.Request{Scope: "u", Key: key, Method: "POST", Path: "/panic", Params: []byte(`{"n": 1}`)}
+	if point == "reconcile" || point == "redact error" {
+		// Reached after a failed call: the call fails once (its error
+		// redacted), and the retry reconciles.
+		failCall.Store(true)
+		if point == "redact error" {
+			armed.Store(point)
+		}
+		_, _, _ = runSafely(runner, wf, req)
+		failCall.Store(false)
+	}
+	armed.Store(point)
+	_, _, panicked := runSafely(runner, wf, req)
+	armed.Store("")
+	if hook := point == "redact error" || point == "redact key" || strings.HasPrefix(point, "observe") || strings.HasPrefix(point, "span"); hook {
+		require.False(t, panicked, "a hook's panic failed the request")
+	} else {
+		require.True(t, panicked, "the request did not panic")
+	}
+	require.Zero(t, pool.Stat().AcquiredConns(), "a pooled connection is kept")
+
+	// The key is not held: a retry is answered now (it resumes, or says
+	// why it may not), never told the key is in progress.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	_, err := runner.Run(ctx, wf, req)
+	cancel()
+	var inProgress *atomicphase.InProgressError
+	require.False(t, errors.As(err, &inProgress), "the key is still held: %v", err)
+	require.Zero(t, pool.Stat().AcquiredConns(), "a pooled connection is kept after the retry")
+
+	// And the next request is served.
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+	resp, err := runner.Run(ctx, wf, atomicphase.Request{Scope: "u", Key: key + "-next", Method: "POST", Path: "/panic", Params: []byte(`{"n": 2}`)})
+	cancel()
+	require.NoError(t, err)
+	require.Equal(t, 201, resp.Status)
+	require.Zero(t, pool.Stat().AcquiredConns(), "a pooled connection is kept after the next request")
+}
+
+// libraryGoroutines counts the goroutines running the library's code.
+func libraryGoroutines() int {
+	return strings.Count(goroutineDump(), "\ngithub.com/atomicphase/atomicphase.")
+}
+
+func goroutineDump() string {
+	buf := make([]byte, 1<<20)
+	return string(buf[:runtime.Stack(buf, true)])
+}
+
+// runSafely runs req, reporting a panic instead of letting it go on.
+func runSafely(r *atomicphase.Runner, wf atomicphase.AnyWorkflow, req atomicphase.Request) (resp *atomicphase.Response, err error, panicked bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			panicked = true
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err = r.Run(ctx, wf, req)
+	return resp, err, false
+}
