@@ -117,8 +117,12 @@ type Config struct {
 	MaxUnfinishedPerScope int
 
 	// Observer is told of every decision the Runner and its Sweeper make,
-	// and opens a span around every request and phase; see Observer.
-	// Defaults to nil (nothing observed, at the cost of a nil check).
+	// and opens a span around every request and phase; see Observer. A
+	// panic in one of its methods, as in RedactKey and RedactError, is
+	// recovered and logged with its stack (to Logger, else slog's default
+	// logger), and the request goes on without it: a hook never fails a
+	// request nor strands its key. Defaults to nil (nothing observed, at
+	// the cost of a nil check).
 	Observer Observer
 
 	// RedactKey, if set, rewrites the scope and key before they reach a log
@@ -131,7 +135,8 @@ type Config struct {
 	// Observer (Event.Err and the error a span ends with, whose Error
 	// returns the rewritten text while errors.Is and errors.As still see
 	// the original): phase errors may quote what the client sent, a card
-	// number say. Defaults to nil (kept as it is).
+	// number say. A text whose redaction panics is withheld whole.
+	// Defaults to nil (kept as it is).
 	RedactError func(msg string) string
 
 	// Schema is the PostgreSQL schema that holds the key table and the
