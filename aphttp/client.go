@@ -19,12 +19,17 @@ const DefaultClientTimeout = 2 * time.Minute
 // defaults.
 type ClientOptions struct {
 	// HTTPClient sends each attempt. Its own retries, if it has any, must
-	// be off: each would be an attempt this client does not pace. Defaults
-	// to http.DefaultClient.
+	// be off: each would be an attempt this client does not pace. (net/http's
+	// Transport has one that only DisableKeepAlives turns off: it resends a
+	// request with an Idempotency-Key at once, on another connection, when
+	// the server closed a kept-alive one before answering it. Do does not
+	// see that resend, nor count it in Response.Attempts.) Defaults to
+	// http.DefaultClient.
 	HTTPClient *http.Client
 
-	// Timeout bounds Do, every attempt and every wait together, when the
-	// request's context has no earlier deadline. Defaults to
+	// Timeout bounds Do, every attempt and every wait together, and the
+	// reading of the answer's body after it, when the request's context has
+	// no earlier deadline. Defaults to
 	// DefaultClientTimeout (two minutes): room for a key held by a call's
 	// quiet period, whose 409 can ask for a minute and more.
 	Timeout time.Duration
@@ -87,11 +92,17 @@ type Response struct {
 	// read back from the key's store, and no phase ran for this attempt
 	// (an earlier attempt, whose answer was lost, ran them).
 	Replayed bool
-	// Attempts is how many times the request was sent.
+	// Attempts is how many times Do sent the request, this answer's
+	// attempt and the ones before it (and, when Do gave up, the ones after
+	// it that got no answer).
 	Attempts int
 	// Problem is the answer's problem details when it is one
-	// (application/problem+json), else nil. Its body can still be read.
+	// (application/problem+json) of at most 64 KiB, else nil. Its body can
+	// still be read, whole: a longer problem is not read into memory, and
+	// its body streams from the connection like any other answer's.
 	Problem *Problem
+
+	problemUnread bool // a problem over 64 KiB: Problem nil
 }
 
 // Do sends req and retries it until an answer no retry can change, as the
@@ -106,7 +117,18 @@ type Response struct {
 //   - Not retried: any other answer. 500 permanent-failure and parked say
 //     that no retry changes anything until an operator acts; 422 key-reused
 //     says the key was first sent with another request, so a retry can only
-//     repeat that; another 4xx is the request's own fault.
+//     repeat that; another 4xx is the request's own fault. (A 409 whose
+//     problem is over 64 KiB, whose type Do does not read, is none of the
+//     retried ones either.)
+//   - Not retried either, and returned as the error: a request that cannot
+//     be sent whatever the connection, wrapping ErrUnsendable: a header or
+//     trailer name that is no HTTP token or a value with a control
+//     character, a method that is no token, a URL without a host, a body
+//     that fails to read (or req.GetBody failing) or whose length is not
+//     req.ContentLength (when positive). Do returns the error of the first
+//     attempt, which found it. So too a server certificate the client does
+//     not trust, a URL scheme the HTTPClient does not send, and a redirect
+//     its CheckRedirect refused.
 //
 // Between attempts Do waits a jittered exponential backoff, or the
 // answer's Retry-After when that is longer (a key held by a call's quiet
@@ -115,7 +137,15 @@ type Response struct {
 // first. When the next attempt cannot start before the deadline, Do stops
 // and returns an error wrapping ErrGaveUp, context.DeadlineExceeded (or the
 // context's own error) and the last attempt's cause, with the last answer,
-// if there was one, as the Response (its body read back into memory).
+// if there was one, as the Response (its body read back into memory, up to
+// 64 KiB: a longer body reads as its first 64 KiB and then an error saying
+// so, in place of io.EOF).
+//
+// An answer Do settles on is returned as it came: its body streams from
+// the connection, whole. A problem's body (application/problem+json) is
+// read into memory to fill Response.Problem, and given back to be read
+// again, when it is at most 64 KiB; a longer one is handed over unread,
+// streaming, with Problem nil.
 //
 // req's body is sent once per attempt: Do uses req.GetBody (which
 // http.NewRequest sets for in-memory bodies), or reads the body into
@@ -161,11 +191,11 @@ func (c *Client) do(ctx context.Context, req *http.Request) (*Response, error) {
 	for attempt := 1; ; attempt++ {
 		var cause error
 		var asked time.Duration // the answer's Retry-After
-		resp, err := c.send(ctx, req, key, body)
+		resp, final, err := c.send(ctx, req, key, body)
 		switch {
 		case err != nil && ctx.Err() != nil:
-			return last, fmt.Errorf("%w after %d attempts: %w", ErrGaveUp, attempt, err)
-		case err != nil && !retryError(ctx, err):
+			return gaveUp(last, attempt), fmt.Errorf("%w after %d attempts: %w", ErrGaveUp, attempt, err)
+		case err != nil && (final || !retryError(err)):
 			closeBody(last)
 			return nil, err
 		case err != nil:
@@ -190,7 +220,7 @@ func (c *Client) do(ctx context.Context, req *http.Request) (*Response, error) {
 			if why == nil {
 				why = context.DeadlineExceeded
 			}
-			return last, fmt.Errorf("%w after %d attempts (the next could not start before the deadline: %w): %w", ErrGaveUp, attempt, why, cause)
+			return gaveUp(last, attempt), fmt.Errorf("%w after %d attempts (the next could not start before the deadline: %w): %w", ErrGaveUp, attempt, why, cause)
 		}
 		if c.onRetry != nil {
 			c.onRetry(attempt, wait, cause)
@@ -200,14 +230,30 @@ func (c *Client) do(ctx context.Context, req *http.Request) (*Response, error) {
 		case <-timer.C:
 		case <-ctx.Done():
 			timer.Stop()
-			return last, fmt.Errorf("%w after %d attempts: %w: %w", ErrGaveUp, attempt, ctx.Err(), cause)
+			return gaveUp(last, attempt), fmt.Errorf("%w after %d attempts: %w: %w", ErrGaveUp, attempt, ctx.Err(), cause)
 		}
 	}
 }
 
+// gaveUp returns the last answer, if any, as the one Do gives up with,
+// counting every attempt made.
+func gaveUp(last *Response, attempts int) *Response {
+	if last != nil {
+		last.Attempts = attempts
+	}
+	return last
+}
+
 // ErrGaveUp is wrapped by Do's error when it stopped retrying without an
-// answer it could settle on: the deadline came first.
+// answer it could settle on: the deadline came first, or the request's
+// context was canceled.
 var ErrGaveUp = errors.New("aphttp: gave up retrying")
+
+// ErrUnsendable is wrapped by Do's error when the request itself cannot be
+// sent, whatever the connection: a header HTTP forbids, a body that fails
+// to read or whose length is not its ContentLength (see Do). No retry
+// could send it, so Do returns after the attempt that found it.
+var ErrUnsendable = errors.New("aphttp: the request cannot be sent")
 
 // key returns the Idempotency-Key the request's attempts carry: req's own
 // header's value as written (after checking it), a new one for a POST or
@@ -244,25 +290,36 @@ func rewindable(req *http.Request) (func() (io.ReadCloser, error), error) {
 	return func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }, nil
 }
 
-// send makes one attempt.
-func (c *Client) send(ctx context.Context, req *http.Request, key string, body func() (io.ReadCloser, error)) (*Response, error) {
+// send makes one attempt. final says that its error is one no retry can
+// change: the request cannot be sent (ErrUnsendable), or the HTTPClient's
+// redirect policy refused where the answer led.
+func (c *Client) send(ctx context.Context, req *http.Request, key string, body func() (io.ReadCloser, error)) (r *Response, final bool, err error) {
 	out := req.Clone(ctx)
-	b, err := body()
+	bodies := &sentBodies{get: body, length: req.ContentLength}
+	b, err := bodies.GetBody()
 	if err != nil {
-		return nil, err
+		return nil, true, fmt.Errorf("%w: %w", ErrUnsendable, err)
 	}
-	out.Body, out.GetBody = b, body
+	out.Body, out.GetBody = b, bodies.GetBody
 	if key != "" {
 		out.Header.Set(HeaderName, key)
 	}
 	resp, err := c.http.Do(out)
 	if err != nil {
-		return nil, err
+		if fault := bodies.faulted(); fault != nil {
+			return nil, true, fmt.Errorf("%w: %w: %w", ErrUnsendable, fault, err)
+		}
+		if why := unsendable(out); why != "" {
+			return nil, true, fmt.Errorf("%w (%s): %w", ErrUnsendable, why, err)
+		}
+		// http.Client.Do gives an answer with its error only when its
+		// CheckRedirect refused to follow it (the answer's body closed).
+		return nil, resp != nil, err
 	}
-	r := &Response{Response: resp, Key: key, Replayed: resp.Header.Get("Idempotent-Replayed") == "true"}
+	r = &Response{Response: resp, Key: key, Replayed: resp.Header.Get("Idempotent-Replayed") == "true"}
 	if err := readProblem(r); err != nil {
 		_ = resp.Body.Close()
-		return nil, err
+		return nil, false, err
 	}
-	return r, nil
+	return r, false, nil
 }

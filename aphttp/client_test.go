@@ -78,6 +78,17 @@ func hangUp(w http.ResponseWriter) {
 	}
 }
 
+// closing makes answer close its connection: the next attempt connects
+// anew. (On a kept-alive connection, net/http's Transport itself resends a
+// request with an Idempotency-Key that the server closed the connection
+// on before answering, and the client sees no failure.)
+func closing(answer func(w http.ResponseWriter)) func(w http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		w.Header().Set("Connection", "close")
+		answer(w)
+	}
+}
+
 // quick is a client whose backoff is short: the tests count attempts and
 // keys, not time.
 func quick(opts *aphttp.ClientOptions) *aphttp.Client {
@@ -232,7 +243,7 @@ func TestClientDoesNotRetryFinalAnswers(t *testing.T) {
 // the answer's Retry-After, and otherwise the jittered backoff.
 func TestClientWaitsWhatRetryAfterAsks(t *testing.T) {
 	t.Parallel()
-	s := newScripted(t, problem(409, aphttp.ProblemInProgress, 2), hangUp, created)
+	s := newScripted(t, closing(problem(409, aphttp.ProblemInProgress, 2)), hangUp, created)
 	var waits []time.Duration
 	c := aphttp.NewClient(&aphttp.ClientOptions{MinBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
 		OnRetry: func(_ int, wait time.Duration, _ error) { waits = append(waits, wait) }})
