@@ -27,7 +27,13 @@ import (
 // armedAt is the one place a panicTest's request panics: "" for none.
 type armedAt struct{ atomic.Value }
 
-func (a *armedAt) at(point string) bool { v, _ := a.Load().(string); return v == point }
+func (a *armedAt) at(point string) bool {
+	if a == nil {
+		return false
+	}
+	v, _ := a.Load().(string)
+	return v == point
+}
 
 func (a *armedAt) hit(point string) {
 	if a.at(point) {
@@ -230,4 +236,44 @@ func runSafely(r *atomicphase.Runner, wf atomicphase.AnyWorkflow, req atomicphas
 	defer cancel()
 	resp, err = r.Run(ctx, wf, req)
 	return resp, err, false
+}
+
+// A finished key's answer is its stored one, whatever the code does now: a
+// retry after a deploy whose start function or first phase panics is
+// replayed, in every way in (assuming new keys too, where the code runs
+// before the key is read), and the key stays as it was.
+func TestAFinishedKeysRetryIsItsStoredAnswerWhateverTheCodeDoesNow(t *testing.T) {
+	t.Parallel()
+	armed := &armedAt{}
+	armed.Store("")
+	b := setup(t, nil)
+	var failCall atomic.Bool
+	n := 0
+	for way, wf := range panicWorkflows(armed, &failCall) {
+		first := "local"
+		if way == "acquired on its own" {
+			first = "call"
+		}
+		for _, point := range []string{"start", first} {
+			n++
+			req := atomicphase.Request{Scope: "u", Key: fmt.Sprintf("done%d", n), Method: "POST", Path: "/panic", Params: []byte(`{"n": 1}`)}
+			resp, err := b.runner.Run(b.ctx, wf, req)
+			require.NoError(t, err)
+			require.Equal(t, 201, resp.Status)
+			before, err := b.runner.Inspect(b.ctx, req.Scope, req.Key)
+			require.NoError(t, err)
+
+			armed.Store(point)
+			replay, err, panicked := runSafely(b.runner, wf, req)
+			armed.Store("")
+			require.False(t, panicked, "%s, a panic in %s: the retry of a finished key panicked", way, point)
+			require.NoError(t, err, "%s, a panic in %s", way, point)
+			require.True(t, replay.Replayed, "%s, a panic in %s", way, point)
+			require.Equal(t, resp.Status, replay.Status)
+			require.Equal(t, resp.Body, replay.Body)
+			after, err := b.runner.Inspect(b.ctx, req.Scope, req.Key)
+			require.NoError(t, err)
+			require.Equal(t, before, after, "%s, a panic in %s: the finished key changed", way, point)
+		}
+	}
 }

@@ -132,7 +132,7 @@ func (r *Runner) run(ctx context.Context, wf AnyWorkflow, req *Request, fp Finge
 // parked for good is refused, and the key of a failed or abandoned
 // attempt is taken as any other's.
 func (r *Runner) runFound(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, p *keystore.Peeked) (*Response, error) {
-	if p.ResponseStatus != nil || !p.Takeable || !p.Same || p.Parked {
+	if refusedAsFound(p) {
 		return r.refused(ctx, &p.Row, !p.Same, wf, req)
 	}
 	return r.runExisting(ctx, wf, req, fp)
@@ -169,7 +169,7 @@ func (r *Runner) runNew(ctx context.Context, wf AnyWorkflow, req *Request, fp Fi
 		// The key was not read: one that exists is answered as it is (a
 		// finished key's answer is its stored one, whatever the code does
 		// now), and only a new key's request meets the panic.
-		return r.answerFoundOrPanic(ctx, wf, req, fp, key, p)
+		return r.answerFoundOrPanic(ctx, wf, req, key, p)
 	case p != nil:
 		panic(p)
 	case err != nil:
@@ -191,7 +191,7 @@ func (r *Runner) runNew(ctx context.Context, wf AnyWorkflow, req *Request, fp Fi
 		a.assumed = assume.named
 	}
 	resp, err = a.loopNew(ctx, state, func(p any) (*Response, error) {
-		return r.answerFoundOrPanic(ctx, wf, req, fp, key, p)
+		return r.answerFoundOrPanic(ctx, wf, req, key, p)
 	})
 	if errors.Is(err, keystore.ErrNotRecorded) {
 		if rec.Found != nil {
@@ -218,12 +218,12 @@ func (r *Runner) runRefusedStart(ctx context.Context, wf AnyWorkflow, req *Reque
 	return r.runFound(ctx, wf, req, fp, &p)
 }
 
-// initialStateOn is initialState for a request that holds pc: a panic
-// of the start function (or of the input's decoding) releases pc and is
-// returned as p, for the caller to answer or let go on.
+// initialStateOn is initialState for a request that holds pc (or nil): a
+// panic of the start function (or of the input's decoding) releases pc and
+// is returned as p, for the caller to answer or let go on.
 func (r *Runner) initialStateOn(ctx context.Context, wf AnyWorkflow, req *Request, pc *pgxpool.Conn) (state []byte, err error, p any) {
 	defer func() {
-		if p = recover(); p != nil {
+		if p = recover(); p != nil && pc != nil {
 			pc.Release()
 		}
 	}()
@@ -231,47 +231,49 @@ func (r *Runner) initialStateOn(ctx context.Context, wf AnyWorkflow, req *Reques
 	return state, err, nil
 }
 
-// answerFoundOrPanic answers a request that panicked with p before it
-// knew its key: a start function run before the key was read
-// (WorkflowOpts.AssumeNewKeys), or a first unit whose key, riding in it
-// unrecorded, another request recorded meanwhile. The key is read, and one
-// that exists is answered as run answers a key it finds (a finished key's
-// answer is its stored one, whatever the code does now); for a key that
-// does not exist the panic goes on.
-func (r *Runner) answerFoundOrPanic(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, key keystore.KeyArgs, p any) (*Response, error) {
-	found, resp, err := r.answerIfFound(ctx, wf, req, fp, key)
-	if !found {
-		panic(p)
-	}
-	return resp, err
-}
-
-// answerIfFound reads the key and, when it exists, answers req as run
-// answers a key it finds; found is false, with nothing answered, for a
-// key that does not exist. A failed read is answered (found).
-func (r *Runner) answerIfFound(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, key keystore.KeyArgs) (found bool, resp *Response, err error) {
+// answerFoundOrPanic answers a request whose code panicked with p before
+// the request knew its key: a start function run before the key was read
+// (WorkflowOpts.AssumeNewKeys, or a key acquired on its own), or a first
+// unit whose key, riding in it unrecorded, another request recorded
+// meanwhile. The key is read, and one that no attempt of this request
+// would run is answered as run answers it (a finished key's answer is its
+// stored one, whatever the code does now; a key in progress, recorded for
+// another request or parked is refused); for any other key, or none, the
+// panic goes on.
+func (r *Runner) answerFoundOrPanic(ctx context.Context, wf AnyWorkflow, req *Request, key keystore.KeyArgs, p any) (*Response, error) {
 	pc, err := r.poolFor(req.Scope).Acquire(ctx)
 	if err != nil {
-		return true, nil, r.storeFailed(ctx, wf, req, "acquire key", err)
+		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)
 	}
-	p, found, err := r.store.Peek(ctx, pc.Conn(), key, wf.Name())
+	found, ok, err := r.store.Peek(ctx, pc.Conn(), key, wf.Name())
 	pc.Release()
 	switch {
 	case err != nil:
-		return true, nil, r.storeFailed(ctx, wf, req, "acquire key", err)
-	case !found:
-		return false, nil, nil
+		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)
+	case !ok || !refusedAsFound(&found):
+		panic(p)
 	}
-	resp, err = r.runFound(ctx, wf, req, fp, &p)
-	return true, resp, err
+	return r.refused(ctx, &found.Row, !found.Same, wf, req)
+}
+
+// refusedAsFound reports whether a key read as p is answered without an
+// attempt: finished, held by a live attempt, recorded for another request,
+// or parked for good.
+func refusedAsFound(p *keystore.Peeked) bool {
+	return p.ResponseStatus != nil || !p.Takeable || !p.Same || p.Parked
 }
 
 // runExisting acquires the key in one statement, which records it when it
 // is new, then explains a refusal or runs an attempt from the key's
 // recovery point.
 func (r *Runner) runExisting(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint) (*Response, error) {
-	state, err := r.initialState(ctx, wf, req)
-	if err != nil {
+	state, err, p := r.initialStateOn(ctx, wf, req, nil)
+	switch {
+	case p != nil:
+		key := keystore.NewKeyArgs(req.Scope, req.Key, fp[:])
+		key.Workflow, key.Version = wf.boxedNames()
+		return r.answerFoundOrPanic(ctx, wf, req, key, p)
+	case err != nil:
 		return nil, err
 	}
 	kr := r.keyRequest(wf, req, fp, state, newLockToken())
