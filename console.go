@@ -198,6 +198,24 @@ func (r *Runner) WorkflowVersionPhases(name, version string) ([]string, bool) {
 	return names, true
 }
 
+// RecordedVersionPhases returns the phase names of version of the workflow
+// name as the processes that ran it recorded them in the database (the
+// versions Runner.Versions lists), and false when none did: what a process
+// that has not registered the version (an operator's console, the CLI)
+// knows of it. The list holds each phase's former names after it
+// (WithFormerNames), and says nothing of which phases are foreign. Version
+// "" (keys recorded before versions were) has none recorded.
+func (r *Runner) RecordedVersionPhases(ctx context.Context, name, version string) ([]string, bool, error) {
+	if version == "" {
+		return nil, false, nil
+	}
+	phases, ok, err := r.store.RecordedPhases(ctx, r.pool, name, version)
+	if err != nil {
+		return nil, false, storeError("read the recorded workflow versions", err)
+	}
+	return phases, ok, nil
+}
+
 // checkStatus reports a status that is not a key status, naming field.
 func checkStatus(field string, s KeyStatus) error {
 	if s == "" || slices.Contains(KeyStatuses(), s) {

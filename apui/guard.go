@@ -102,12 +102,20 @@ func (h *Handler) guard(w http.ResponseWriter, r *http.Request) bool {
 	if h.hosts != nil {
 		// Under rebinding the Origin names the attacker's host as well (it
 		// equals the Host, so comparing the two proves nothing): it must be
-		// a host the console serves. "null" (a sandboxed frame, a file) is
-		// no such host.
+		// a host the console serves. "null" (a sandboxed frame, a file, a
+		// page whose Referrer-Policy is no-referrer) is no such host, even
+		// when the browser says it is same-origin: behind a proxy that
+		// rewrites the Host, the Origin is all that names the page's host,
+		// and a rebinding page may hide its own. The console's pages send
+		// their origin (Referrer-Policy: same-origin, ServeHTTP).
 		if o := r.Header.Get("Origin"); o != "" {
 			u, err := url.Parse(o)
 			if err != nil || u.Host == "" || !h.hosts.allows(u.Host) {
-				http.Error(w, "a request from the origin "+quote(escapeControl(o))+" is refused: the console does not serve it", http.StatusForbidden)
+				msg := "a request from the origin " + quote(escapeControl(o)) + " is refused: the console does not serve it"
+				if o == "null" {
+					msg += " (a browser sends the origin \"null\" from a page whose Referrer-Policy is no-referrer: the console's pages say same-origin; a proxy or middleware in front of the console must not replace it)"
+				}
+				http.Error(w, msg, http.StatusForbidden)
 				return false
 			}
 		}

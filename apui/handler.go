@@ -178,7 +178,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'")
-	w.Header().Set("Referrer-Policy", "no-referrer")
+	// same-origin, not no-referrer: a browser sends the Origin of a form
+	// POST only where the policy lets the referrer go, and "null" under
+	// no-referrer, which the rebinding check must refuse (guard.go). The
+	// console's own pages then send their origin, and no other origin is
+	// sent a console URL.
+	w.Header().Set("Referrer-Policy", "same-origin")
 	if !h.guard(w, r) {
 		return
 	}

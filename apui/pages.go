@@ -228,8 +228,9 @@ type keyData struct {
 	Key    *atomicphase.KeyInfo
 	Phases []phaseMark
 	// Registered is false when this process does not know the key's
-	// workflow: its phases cannot be listed, and resume only schedules it.
-	Registered bool
+	// workflow: resume only schedules it, and the phases are those the
+	// versions registry recorded for its version (Recorded), if any.
+	Registered, Recorded bool
 	// Audit is a page of the key's audit trail, newest first, and
 	// OlderURL the link to the next (older) page, if any.
 	Audit    []*atomicphase.AuditEntry
@@ -264,8 +265,12 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusInternalServerError, err)
 		return
 	}
-	d := &keyData{Key: h.redacted(k)}
-	d.Phases, d.Registered = h.phaseMarks(k)
+	d := &keyData{}
+	if k, err = h.keyPhases(r.Context(), d, k); err != nil {
+		h.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	d.Key = h.redacted(k)
 	before, _, err := auditPaging(r.URL.Query())
 	if err != nil {
 		h.fail(w, r, http.StatusBadRequest, err)
@@ -290,14 +295,37 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) {
 	h.render(w, r, http.StatusOK, "key", &page{Title: "Key " + escapeControl(key), Data: d, Notice: notice(r)})
 }
 
-// phaseMarks marks the phases of the key's own version of its workflow
-// (each key resumes under the definition it started under) against its
-// recovery point.
-func (h *Handler) phaseMarks(k *atomicphase.KeyInfo) ([]phaseMark, bool) {
-	names, ok := h.opts.Runner.WorkflowVersionPhases(k.Workflow, k.WorkflowVersion)
-	if !ok {
-		return nil, false
+// keyPhases sets d's phases: those of the key's own version of its
+// workflow (each key resumes under the definition it started under),
+// marked against its recovery point. A process that has not registered
+// the version (atomicphase ui) shows the phases the versions registry
+// recorded for it, and the downstream key each recorded name would send:
+// the registry does not say which phases are foreign. It returns the key,
+// read again with those downstream keys when it needs them.
+func (h *Handler) keyPhases(ctx context.Context, d *keyData, k *atomicphase.KeyInfo) (*atomicphase.KeyInfo, error) {
+	rn := h.opts.Runner
+	names, ok := rn.WorkflowVersionPhases(k.Workflow, k.WorkflowVersion)
+	if ok {
+		d.Phases, d.Registered = phaseMarks(names, k, true), true
+		return k, nil
 	}
+	names, ok, err := rn.RecordedVersionPhases(ctx, k.Workflow, k.WorkflowVersion)
+	if err != nil || !ok {
+		return k, err
+	}
+	// The recorded list holds former names after their phase: which name
+	// comes next is not known.
+	d.Phases, d.Recorded = phaseMarks(names, k, false), true
+	withKeys, err := rn.InspectWithPhases(ctx, k.Scope, k.Key, names...)
+	if errors.Is(err, atomicphase.ErrKeyNotFound) {
+		return k, nil // forgotten since: the page shows what was read
+	}
+	return withKeys, err
+}
+
+// phaseMarks marks names against k's recovery point, and the phase after
+// it as next when next is set.
+func phaseMarks(names []string, k *atomicphase.KeyInfo, next bool) []phaseMark {
 	done := -1
 	switch k.RecoveryPoint {
 	case atomicphase.RecoveryPointStarted:
@@ -309,9 +337,9 @@ func (h *Handler) phaseMarks(k *atomicphase.KeyInfo) ([]phaseMark, bool) {
 	marks := make([]phaseMark, len(names))
 	for i, n := range names {
 		marks[i] = phaseMark{Name: n, Done: i <= done, Recovered: i == done && k.Status != atomicphase.KeyFinished,
-			Next: i == done+1 && k.Status != atomicphase.KeyFinished}
+			Next: next && i == done+1 && k.Status != atomicphase.KeyFinished}
 	}
-	return marks, true
+	return marks
 }
 
 // lookupStatus is the HTTP status of a failed downstream key lookup.

@@ -90,13 +90,42 @@ func TestKeyPageShowsTheDownstreamKeys(t *testing.T) {
 	_, body = b.get(t, "/key?scope=alice&key=finished-1")
 	require.Contains(t, body, "The workflow has no foreign phase")
 
-	// A console that does not have the workflow's code says where to get it.
+}
+
+// A console that does not have the workflow's code (atomicphase ui) shows
+// the phases the versions registry recorded for the key's version, as its
+// versions page does, and the downstream key each recorded name sends if
+// it is foreign; for a version no process recorded it says where to look.
+func TestStandaloneKeyPageShowsTheRecordedPhases(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
 	other, err := atomicphase.NewRunner(b.db.Pool, nil)
 	require.NoError(t, err)
 	h, err := NewHandler(&Options{Runner: other})
 	require.NoError(t, err)
-	rec := newRecorder(h, "/key?scope=frank&key=unknown-1")
-	require.Contains(t, rec, "atomicphase inspect frank unknown-1 --phase NAME")
+	page := text(newRecorder(h, "/key?scope=frank&key=unknown-1"))
+	require.NotContains(t, page, "its phases are not known here")
+	require.Contains(t, page, "its phases are as the processes that run it recorded them")
+	require.Contains(t, page, "buy_label confirm Downstream keys")
+	require.Contains(t, page, "phase, if foreign downstream key: the reference the downstream knows the call by buy_label "+b.labelRef)
+	require.Contains(t, text(newRecorder(h, "/versions")), "buy_label → confirm")
+
+	// A parked key: its recovery point is marked.
+	_, err = b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET recovery_point = 'buy_label' WHERE idempotency_key = 'unknown-1'`)
+	require.NoError(t, err)
+	require.Contains(t, newRecorder(h, "/key?scope=frank&key=unknown-1"), `<li class="done">buy_label <span class="badge">recovery point</span></li><li class="">confirm</li>`)
+
+	// Redaction holds on what the registry gave.
+	redacting, err := NewHandler(&Options{Runner: other, Redact: func(k *atomicphase.KeyInfo) { k.DownstreamKeys = nil }})
+	require.NoError(t, err)
+	require.NotContains(t, newRecorder(redacting, "/key?scope=frank&key=unknown-1"), b.labelRef)
+
+	_, err = b.db.Pool.Exec(b.ctx, `DELETE FROM atomicphase_workflow_versions WHERE workflow = 'label'`)
+	require.NoError(t, err)
+	page = newRecorder(h, "/key?scope=frank&key=unknown-1")
+	require.Contains(t, text(page), "its phases are not known here")
+	require.Contains(t, page, "atomicphase inspect frank unknown-1 --phase NAME")
+	require.NotContains(t, page, b.labelRef)
 }
 
 // The verdict form is only on keys whose call's outcome is unknown, and its

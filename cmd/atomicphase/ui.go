@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -90,42 +91,79 @@ in that process (apui.NewHandler) to resume keys at once.`),
 	return cmd
 }
 
-// serveUI serves the console until ctx ends.
-func (c *cli) serveUI(ctx context.Context, f *uiFlags) error {
-	var user, password string
+// uiSettings are the ui command's flags, checked: the secret and who it
+// authenticates, and the host the console listens on.
+type uiSettings struct {
+	flags                 uiFlags
+	user, password, token string
+	listenHost            string
+}
+
+// secretLength counts the characters of a secret as the minimum does:
+// without the blanks around it, which a browser's prompt or a quoted
+// variable adds as easily as a typo.
+func secretLength(s string) int { return utf8.RuneCountInString(strings.TrimSpace(s)) }
+
+// checkUI checks the ui command's flags.
+func checkUI(f *uiFlags) (*uiSettings, error) {
+	s := &uiSettings{flags: *f}
 	// A secret of blanks (a quoted space, a variable set to one) is no
 	// secret: it is trimmed, and then must be long enough.
-	f.token, f.basicAuth = strings.TrimSpace(f.token), strings.TrimSpace(f.basicAuth)
-	if f.token != "" && len(f.token) < minSecret {
-		return usageErrorf("--token is %d characters; give at least %d (openssl rand -hex 16 makes one)", len(f.token), minSecret)
+	s.token, s.flags.basicAuth = strings.TrimSpace(f.token), strings.TrimSpace(f.basicAuth)
+	if s.token != "" && secretLength(s.token) < minSecret {
+		return nil, usageErrorf("--token is %d characters; give at least %d (openssl rand -hex 16 makes one)", secretLength(s.token), minSecret)
 	}
-	if f.basicAuth != "" {
+	if s.flags.basicAuth != "" {
 		var ok bool
-		user, password, ok = strings.Cut(f.basicAuth, ":")
-		if !ok || strings.TrimSpace(user) == "" || strings.TrimSpace(password) == "" {
-			return usageErrorf("--basic-auth takes USER:PASSWORD, both non-empty")
+		s.user, s.password, ok = strings.Cut(s.flags.basicAuth, ":")
+		if !ok || strings.TrimSpace(s.user) == "" || strings.TrimSpace(s.password) == "" {
+			return nil, usageErrorf("--basic-auth takes USER:PASSWORD, both non-empty")
 		}
-		if len(password) < minSecret {
-			return usageErrorf("--basic-auth's password is %d characters; give at least %d", len(password), minSecret)
+		// Counted as the token is, after trimming: fifteen blanks and a
+		// letter are one character of secret.
+		if n := secretLength(s.password); n < minSecret {
+			return nil, usageErrorf("--basic-auth's password is %d characters, not counting the blanks around it; give at least %d", n, minSecret)
 		}
 	}
-	if f.token != "" && f.basicAuth != "" {
-		return usageErrorf("give --token or --basic-auth, not both")
+	if s.token != "" && s.flags.basicAuth != "" {
+		return nil, usageErrorf("give --token or --basic-auth, not both")
 	}
 	host, _, err := net.SplitHostPort(f.listen)
 	if err != nil {
-		return usageErrorf("--listen %q is not HOST:PORT: %v", f.listen, err)
+		return nil, usageErrorf("--listen %q is not HOST:PORT: %v", f.listen, err)
 	}
-	if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && host != "localhost" && f.token == "" && f.basicAuth == "" {
-		return usageErrorf("--listen %q is not a loopback address: give --token or --basic-auth, so that the console is not open to the network", f.listen)
+	if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && host != "localhost" && s.token == "" && s.flags.basicAuth == "" {
+		return nil, usageErrorf("--listen %q is not a loopback address: give --token or --basic-auth, so that the console is not open to the network", f.listen)
+	}
+	s.listenHost = host
+	return s, nil
+}
+
+// uiConsole builds the console as the ui command serves it over r: the
+// handler (whose SampleLevels the command runs), and what the server
+// serves, the handler behind the command's authentication. Tests serve
+// what it returns, so that they test what an operator runs.
+func uiConsole(r *atomicphase.Runner, s *uiSettings) (*apui.Handler, http.Handler, error) {
+	h, err := apui.NewHandler(&apui.Options{Runner: r, ReadOnly: s.flags.readOnly, Actor: actor(s.user, s.token),
+		AllowedHosts: allowedHosts(s.listenHost, s.flags.allowedHosts)})
+	if err != nil {
+		return nil, nil, err
+	}
+	return h, authenticate(h, s.token, s.user, s.password), nil
+}
+
+// serveUI serves the console until ctx ends.
+func (c *cli) serveUI(ctx context.Context, f *uiFlags) error {
+	s, err := checkUI(f)
+	if err != nil {
+		return err
 	}
 	return c.withRunner(ctx, func(r *atomicphase.Runner) error {
-		h, err := apui.NewHandler(&apui.Options{Runner: r, ReadOnly: f.readOnly, Actor: actor(user, f.token),
-			AllowedHosts: allowedHosts(host, f.allowedHosts)})
+		h, served, err := uiConsole(r, s)
 		if err != nil {
 			return err
 		}
-		ln, err := net.Listen("tcp", f.listen)
+		ln, err := net.Listen("tcp", s.flags.listen)
 		if err != nil {
 			return err
 		}
@@ -134,9 +172,9 @@ func (c *cli) serveUI(ctx context.Context, f *uiFlags) error {
 		sampled := make(chan struct{})
 		go func() { defer close(sampled); h.SampleLevels(sctx, 30*time.Second) }()
 		defer func() { stopSampling(); <-sampled }()
-		srv := &http.Server{Handler: authenticate(h, f.token, user, password), ReadHeaderTimeout: 10 * time.Second}
+		srv := &http.Server{Handler: served, ReadHeaderTimeout: 10 * time.Second}
 		mode := ""
-		if f.readOnly {
+		if s.flags.readOnly {
 			mode = " (read-only)"
 		}
 		fmt.Fprintf(c.stdout, "console at http://%s/%s\n", ln.Addr(), mode)

@@ -161,7 +161,9 @@ func TestUIRefusesAWeakSecret(t *testing.T) {
 	t.Parallel()
 	b := setupEmpty(t, nil)
 	for _, args := range [][]string{{"--token", " "}, {"--token", "s3cret"}, {"--token", "  s3cret-s3cret  "},
-		{"--basic-auth", "ana:pass"}, {"--basic-auth", "ana:  "}} {
+		{"--basic-auth", "ana:pass"}, {"--basic-auth", "ana:  "},
+		// Fifteen blanks and a letter: one character of secret.
+		{"--basic-auth", "ana:" + strings.Repeat(" ", 15) + "a"}, {"--basic-auth", "ana:\t" + strings.Repeat(" ", 14) + "a "}} {
 		res := b.run(t, append([]string{"ui", "--listen", "0.0.0.0:0"}, args...)...)
 		require.Equal(t, exitUsage, res.code, "%v: %s", args, res.stderr)
 		require.Regexp(t, `give at least 16|both non-empty`, res.stderr, args)

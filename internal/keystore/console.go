@@ -2,9 +2,11 @@ package keystore
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/georgysavva/scany/v2/pgxscan"
+	"github.com/jackc/pgx/v5"
 )
 
 // The console's statements: the levels of unfinished keys, the recent parks
@@ -196,4 +198,23 @@ func (s *Store) EachScopeKey(ctx context.Context, db DB, scope string, fn func(S
 	}
 	rows.Close()
 	return rows.Err()
+}
+
+// recordedPhasesSQL reads the phases the processes that ran a workflow
+// version recorded (migration 011), however long ago: what a console that
+// has not the workflow's code knows of it. One row of the registry's
+// primary key.
+const recordedPhasesSQL = `SELECT phases FROM /* TEMPLATE: schema */atomicphase_workflow_versions
+WHERE workflow = $1::text AND version = $2::text`
+
+// RecordedPhases returns the phases recorded for version of workflow
+// (former names included, each after its phase), and false when no
+// process recorded that version.
+func (s *Store) RecordedPhases(ctx context.Context, db DB, workflow, version string) ([]string, bool, error) {
+	var phases []string
+	err := db.QueryRow(ctx, Render(recordedPhasesSQL, s.schema), workflow, version).Scan(&phases)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, nil
+	}
+	return phases, err == nil, err
 }
