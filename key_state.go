@@ -98,7 +98,10 @@ var keyTransitions = map[keyOp]map[keyState][]keyState{
 	// The sweep takes what is due, never a parked key.
 	opSweep:  {stateRunning: taken, stateWaiting: taken, stateUnknown: taken},
 	opUnpark: {stateParked: {stateWaiting, stateUnknown}},
-	// A verdict settles an unknown outcome (of a parked key too).
+	// A verdict settles an unknown outcome, of a parked key too; it makes
+	// due (waiting) a key parked because its attempts ran out, and leaves
+	// one parked for good (a permanent failure, a panic: a bug an operator
+	// fixes, then unparks) parked.
 	opVerdict:    {stateUnknown: {stateWaiting, stateUnknown}, stateParked: {stateWaiting, stateUnknown}},
 	opForget:     {stateFinished: {keyAbsent}, stateParked: {keyAbsent}},
 	opReapParked: {stateParked: {keyAbsent}},

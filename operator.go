@@ -68,6 +68,15 @@ func (r *Runner) ListKeys(ctx context.Context, f *KeyFilter) ([]*KeyInfo, error)
 // ErrKeyFinished is returned by Unpark for a key that is already finished.
 var ErrKeyFinished = errors.New("atomicphase: idempotency key already finished")
 
+// ErrKeyNotParked is returned by Unpark for an unfinished key that is not
+// parked: there is nothing to unpark, and its attempts are left as they
+// are (MakeDue clears its backoff).
+var ErrKeyNotParked = errors.New("atomicphase: idempotency key not parked")
+
+// ErrKeyParked is returned by MakeDue for a parked key: Unpark is what
+// makes it due again.
+var ErrKeyParked = errors.New("atomicphase: idempotency key parked; unpark it")
+
 // ErrKeyUnfinished is returned by Forget for a key that is neither finished
 // nor parked: forgetting it would strand whatever its phases did.
 var ErrKeyUnfinished = errors.New("atomicphase: idempotency key unfinished and not parked")
@@ -81,24 +90,48 @@ var ErrKeyUnfinished = errors.New("atomicphase: idempotency key unfinished and n
 // happened, or give the key up with ForgetForced and a reason.
 var ErrOutcomeUnsettled = errors.New("atomicphase: idempotency key's foreign call outcome is unknown or the call may be in flight; forgetting it could pay twice")
 
-// Unpark makes an unfinished key eligible for the next sweep at once: it
-// clears the parked mark and any backoff, and gives the key a fresh budget
-// of Config.MaxAttempts attempts (its last error stays for reference). The sweep of a process that
-// registered the key's workflow then resumes it through the normal
-// acquisition path; a client retry would anyway. It returns ErrKeyNotFound
-// for a key never recorded and ErrKeyFinished for a finished one.
+// Unpark makes a parked key eligible for the next sweep at once: it clears
+// the parked mark and any backoff, and gives the key a fresh budget of
+// Config.MaxAttempts attempts (its last error stays for reference). The
+// sweep of a process that registered the key's workflow then resumes it
+// through the normal acquisition path; a client retry would anyway. It
+// returns ErrKeyNotFound for a key never recorded, ErrKeyFinished for a
+// finished one, and ErrKeyNotParked, changing nothing, for any other key.
 func (r *Runner) Unpark(ctx context.Context, scope, key string) error {
-	ok, err := r.store.Unpark(ctx, r.poolFor(scope), scope, key)
+	return r.schedule(ctx, scope, key, true)
+}
+
+// MakeDue makes an unfinished key that is not parked eligible for the
+// next sweep at once: it clears the key's backoff, leaving its attempts as
+// they are (a key waiting for its next attempt, or for its unknown
+// outcome's reconciliation, is then resumed by the next sweep, as Unpark
+// has a parked key resumed). It returns ErrKeyNotFound for a key never
+// recorded, ErrKeyFinished for a finished one and ErrKeyParked, changing
+// nothing, for a parked one.
+func (r *Runner) MakeDue(ctx context.Context, scope, key string) error {
+	return r.schedule(ctx, scope, key, false)
+}
+
+func (r *Runner) schedule(ctx context.Context, scope, key string, unpark bool) error {
+	what, schedule, wrong := "make key due", r.store.MakeDue, ErrKeyParked
+	if unpark {
+		what, schedule, wrong = "unpark key", r.store.Unpark, ErrKeyNotParked
+	}
+	ok, err := schedule(ctx, r.poolFor(scope), scope, key)
 	if err != nil {
-		return storeError("unpark key", err)
+		return storeError(what, err)
 	}
 	if ok {
 		return nil
 	}
-	if _, ierr := r.Inspect(ctx, scope, key); ierr != nil {
-		return ierr
+	info, err := r.Inspect(ctx, scope, key)
+	switch {
+	case err != nil:
+		return err
+	case info.Response != nil:
+		return ErrKeyFinished
 	}
-	return ErrKeyFinished
+	return wrong
 }
 
 // Forget deletes a finished or parked key, so that a stored answer produced
@@ -175,7 +208,11 @@ func (r *Runner) forget(ctx context.Context, scope, key string, force bool) erro
 //
 // Like Unpark it gives the key a fresh budget of Config.MaxAttempts
 // attempts: a key parked because its reconciliation failed that many times
-// would otherwise be parked again before the verdict is read.
+// would otherwise be parked again before the verdict is read. A key parked
+// for good (a permanent failure, a panic: a bug in its code) is not made
+// due: the verdict is recorded, and the key stays parked, its attempts as
+// they were, until an operator unparks it; the attempt that resumes it
+// then takes the verdict.
 //
 // It returns ErrKeyNotFound for a key never recorded, ErrKeyFinished for a
 // finished key, ErrInProgress while an attempt holds the key, and

@@ -66,7 +66,7 @@ func (r *Runner) ForgetKeys(ctx context.Context, f *KeyFilter, opts *BulkOpts) (
 func (r *Runner) UnparkKeys(ctx context.Context, f *KeyFilter, opts *BulkOpts) ([]*KeyInfo, error) {
 	return r.bulk(ctx, "UnparkKeys", f, opts, []KeyStatus{KeyParked}, func(k *KeyInfo) error {
 		err := r.Unpark(ctx, k.Scope, k.Key)
-		if errors.Is(err, ErrKeyFinished) || errors.Is(err, ErrKeyNotFound) {
+		if errors.Is(err, ErrKeyFinished) || errors.Is(err, ErrKeyNotFound) || errors.Is(err, ErrKeyNotParked) {
 			return errSkipped
 		}
 		return err

@@ -1,6 +1,7 @@
 -- Back to migration 015: the functions as they were, and no watermark. The
 -- marks the migration and the functions wrote stay: a due key is one the
 -- previous sweep finds too.
+DROP FUNCTION IF EXISTS /* TEMPLATE: schema */atomicphase_schedule(text, text, boolean);
 CREATE OR REPLACE FUNCTION /* TEMPLATE: schema */atomicphase_acquire(
     p_scope text, p_key text, p_workflow text, p_fingerprint bytea,
     p_method text, p_path text, p_state bytea, p_lock_timeout_us bigint,

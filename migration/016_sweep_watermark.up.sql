@@ -175,8 +175,35 @@ BEGIN
 END
 $$;
 
+-- atomicphase_schedule makes an unfinished key due at once, marked as
+-- atomicphase_unpark marks it, for this release's Unpark and MakeDue:
+-- with p_unpark, a parked key only, unparked with a fresh budget of
+-- attempts; without, a key that is not parked, its backoff cleared and
+-- its attempts as they are. It returns true when it changed the key, and
+-- nothing for any other (atomicphase_unpark, which a previous release
+-- calls, takes either and resets the attempts of both).
+CREATE FUNCTION /* TEMPLATE: schema */atomicphase_schedule(p_scope text, p_key text, p_unpark boolean)
+RETURNS SETOF boolean LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := now();
+BEGIN
+    UPDATE /* TEMPLATE: schema */idempotency_keys AS k
+    SET parked_at = NULL, next_attempt_at = v_now, updated_at = v_now,
+        attempts = CASE WHEN p_unpark THEN 1 ELSE k.attempts END
+    WHERE k.scope = p_scope AND k.idempotency_key = p_key AND k.response_status IS NULL
+      AND (k.parked_at IS NOT NULL) = p_unpark;
+    IF FOUND THEN
+        RETURN NEXT true;
+    END IF;
+END
+$$;
+
 -- atomicphase_record_verdict and atomicphase_record_resolution as in
--- migration 014, marking the key they make due.
+-- migration 014, marking the key they make due. A key parked for good (a
+-- permanent failure, a panic: a bug in its code) is not made due: the
+-- verdict settles its call's outcome, and the key stays parked, with its
+-- attempts, until an operator unparks it once the bug is fixed; the
+-- attempt that resumes it then takes the verdict.
 CREATE OR REPLACE FUNCTION /* TEMPLATE: schema */atomicphase_record_verdict(
     p_scope text, p_key text, p_happened boolean, p_note text, p_lock_timeout_us bigint, p_result jsonb
 ) RETURNS TABLE (workflow text, recorded boolean) LANGUAGE plpgsql AS $$
@@ -185,8 +212,10 @@ DECLARE
 BEGIN
     UPDATE /* TEMPLATE: schema */idempotency_keys AS k
     SET resolved_after = k.recovery_point, resolved_happened = p_happened, resolved_note = p_note,
-        resolved_result = p_result, resolved_at = v_now, parked_at = NULL, next_attempt_at = v_now,
-        updated_at = v_now, attempts = 1
+        resolved_result = p_result, resolved_at = v_now,
+        parked_at = CASE WHEN k.final_parked_at = k.parked_at THEN k.parked_at END,
+        next_attempt_at = CASE WHEN k.final_parked_at = k.parked_at THEN k.next_attempt_at ELSE v_now END,
+        updated_at = v_now, attempts = CASE WHEN k.final_parked_at = k.parked_at THEN k.attempts ELSE 1 END
     WHERE k.scope = p_scope AND k.idempotency_key = p_key AND k.response_status IS NULL
       AND k.unknown_at IS NOT NULL
       AND (k.locked_at IS NULL OR v_now - k.locked_at > coalesce(k.lease_us, p_lock_timeout_us) * interval '1 microsecond')
@@ -216,7 +245,10 @@ DECLARE
 BEGIN
     UPDATE /* TEMPLATE: schema */idempotency_keys AS k
     SET resolved_after = k.recovery_point, resolved_happened = p_happened, resolved_note = p_note,
-        resolved_result = NULL, resolved_at = v_now, parked_at = NULL, next_attempt_at = v_now, updated_at = v_now
+        resolved_result = NULL, resolved_at = v_now,
+        parked_at = CASE WHEN k.final_parked_at = k.parked_at THEN k.parked_at END,
+        next_attempt_at = CASE WHEN k.final_parked_at = k.parked_at THEN k.next_attempt_at ELSE v_now END,
+        updated_at = v_now
     WHERE k.scope = p_scope AND k.idempotency_key = p_key AND k.response_status IS NULL
       AND (k.locked_at IS NULL OR v_now - k.locked_at > coalesce(k.lease_us, p_lock_timeout_us) * interval '1 microsecond')
       AND (k.call_until IS NULL OR k.call_until < v_now)

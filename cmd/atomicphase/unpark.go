@@ -11,8 +11,9 @@ import (
 	"github.com/atomicphase/atomicphase"
 )
 
-// resume and unpark both clear a key's parked mark and backoff with
-// Runner.Unpark; they differ in what the operator means and is told.
+// resume and unpark both make a key due for the next sweep: unpark a
+// parked key only (Runner.Unpark), resume any unfinished key (Runner.Unpark
+// for a parked one, Runner.MakeDue, which clears a backoff, for another).
 
 func (c *cli) resumeCmd() *cobra.Command {
 	return &cobra.Command{
@@ -32,7 +33,7 @@ again after Config.MaxAttempts attempts.`),
 		Example: examples(`atomicphase resume user_42 4f1c9a7e-checkout`),
 		Args:    keyArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return c.unpark(cmd.Context(), "resume", args[0], args[1], func(before *atomicphase.KeyInfo) string {
+			return c.unpark(cmd.Context(), "resume", args[0], args[1], false, func(before *atomicphase.KeyInfo) string {
 				msg := fmt.Sprintf("key scheduled: the next sweep of a process that registered workflow %q resumes it", before.Workflow)
 				msg += fmt.Sprintf(" after recovery point %q", before.RecoveryPoint)
 				switch before.Status {
@@ -55,10 +56,10 @@ func (c *cli) unparkCmd() *cobra.Command {
 		Short: "Clear a key's parked mark so the sweep tries it again",
 		Long: strings.TrimSpace(`
 Clear a parked key's mark (and any backoff), once whatever made it fail
-permanently is fixed: the next sweep of a process that registered the key's
-workflow resumes it. On a key that is not parked it clears the backoff only.
-A finished key cannot be unparked; forget it instead to drop its stored
-response.
+permanently is fixed, and give it a fresh budget of attempts: the next sweep
+of a process that registered the key's workflow resumes it. A key that is
+not parked is refused, unchanged (resume clears its backoff). A finished key
+cannot be unparked; forget it instead to drop its stored response.
 
 Given no SCOPE KEY but filters, unpark acts on every parked key they select,
 at most --limit of them, oldest first, after asking (unless --yes);
@@ -76,11 +77,7 @@ at most --limit of them, oldest first, after asking (unless --yes);
 			case bulk:
 				return c.runBulk(cmd.Context(), &b, yes, "unparked", atomicphase.BulkOpts{}, (*atomicphase.Runner).UnparkKeys)
 			}
-			return c.unpark(cmd.Context(), "unpark", args[0], args[1], func(before *atomicphase.KeyInfo) string {
-				if before.Status != atomicphase.KeyParked {
-					return fmt.Sprintf("key was not parked (it is %s); its backoff is cleared, so the next sweep of a process that registered workflow %q may resume it",
-						before.Status, before.Workflow)
-				}
+			return c.unpark(cmd.Context(), "unpark", args[0], args[1], true, func(before *atomicphase.KeyInfo) string {
 				return fmt.Sprintf("key unparked: the next sweep of a process that registered workflow %q resumes it after recovery point %q",
 					before.Workflow, before.RecoveryPoint)
 			})
@@ -91,15 +88,27 @@ at most --limit of them, oldest first, after asking (unless --yes);
 	return cmd
 }
 
-// unpark unparks a key, records action in its audit trail, and prints what
-// say makes of the key as it was.
-func (c *cli) unpark(ctx context.Context, action, scope, key string, say func(before *atomicphase.KeyInfo) string) error {
+// unpark makes a key due (a parked one only, with parkedOnly), records
+// action in its audit trail, and prints what say makes of the key as it
+// was.
+func (c *cli) unpark(ctx context.Context, action, scope, key string, parkedOnly bool, say func(before *atomicphase.KeyInfo) string) error {
 	return c.withRunner(ctx, func(r *atomicphase.Runner) error {
 		before, err := r.Inspect(ctx, scope, key)
-		if err == nil {
+		switch {
+		case err != nil:
+		case parkedOnly || before.Status == atomicphase.KeyParked:
 			err = r.Unpark(ctx, scope, key)
+		default:
+			err = r.MakeDue(ctx, scope, key)
 		}
 		switch {
+		case errors.Is(err, atomicphase.ErrKeyNotParked):
+			return fmt.Errorf("key %q in scope %q is not parked (it is %s): nothing to unpark, and its attempts stay as they are "+
+				"(to clear its backoff, use `atomicphase resume`)", key, scope, before.Status)
+		case errors.Is(err, atomicphase.ErrKeyParked):
+			// Parked between the read and the action: say so, as the
+			// key now is.
+			return fmt.Errorf("key %q in scope %q was parked meanwhile: run the command again", key, scope)
 		case errors.Is(err, atomicphase.ErrKeyNotFound):
 			return keyNotFound(scope, key)
 		case errors.Is(err, atomicphase.ErrKeyFinished):

@@ -23,12 +23,22 @@ func TestUnpark(t *testing.T) {
 	require.Equal(t, atomicphase.KeyAbandoned, info.Status)
 	require.Equal(t, 1, info.Attempts, "unpark runs nothing")
 
-	// An abandoned key resting in backoff: only the backoff goes.
-	require.NotNil(t, b.inspect(t, "bob", "abandoned-1").NextAttemptAt)
+	// An abandoned key resting in backoff is not parked: refused,
+	// unchanged; resume clears its backoff, its attempts as they are.
+	before := b.inspect(t, "bob", "abandoned-1")
+	require.NotNil(t, before.NextAttemptAt)
 	res = b.run(t, "unpark", "bob", "abandoned-1")
+	require.Equal(t, exitFailure, res.code)
+	require.Contains(t, res.stderr, `key "abandoned-1" in scope "bob" is not parked (it is abandoned): nothing to unpark`)
+	require.Contains(t, res.stderr, "atomicphase resume")
+	after := b.inspect(t, "bob", "abandoned-1")
+	require.Equal(t, before.NextAttemptAt, after.NextAttemptAt, "nothing changed")
+	require.Equal(t, before.Attempts, after.Attempts, "nothing changed")
+	res = b.run(t, "resume", "bob", "abandoned-1")
 	require.Equal(t, 0, res.code, res.stderr)
-	require.Contains(t, res.stdout, "key was not parked (it is abandoned); its backoff is cleared")
-	requireDueNow(t, b.inspect(t, "bob", "abandoned-1").NextAttemptAt)
+	after = b.inspect(t, "bob", "abandoned-1")
+	requireDueNow(t, after.NextAttemptAt)
+	require.Equal(t, before.Attempts, after.Attempts, "resume keeps the attempts of a key that was not parked")
 }
 
 func TestResume(t *testing.T) {

@@ -11,15 +11,26 @@ import (
 // The operator's statements on one key: unpark, forget, record a verdict.
 // None of them is on a request's path; each is keyed by (scope, key).
 
-// unparkSQL: see atomicphase_unpark in schema.sql.
-const unparkSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_unpark($1::text, $2::text)`
+// unparkSQL: see atomicphase_schedule in schema.sql.
+const unparkSQL = `SELECT * FROM /* TEMPLATE: schema */atomicphase_schedule($1::text, $2::text, $3::boolean)`
 
-// Unpark clears a key's parked mark and backoff and gives it a fresh
-// attempt budget. It reports false, changing nothing, when the key is
-// finished or absent.
+// Unpark clears a parked key's mark and backoff and gives it a fresh
+// attempt budget. It reports false, changing nothing, when the key is not
+// parked, finished or absent.
 func (s *Store) Unpark(ctx context.Context, db DB, scope, key string) (bool, error) {
+	return s.schedule(ctx, db, scope, key, true)
+}
+
+// MakeDue clears the backoff of an unfinished key that is not parked, its
+// attempts as they are. It reports false, changing nothing, for a parked,
+// finished or absent key.
+func (s *Store) MakeDue(ctx context.Context, db DB, scope, key string) (bool, error) {
+	return s.schedule(ctx, db, scope, key, false)
+}
+
+func (s *Store) schedule(ctx context.Context, db DB, scope, key string, unpark bool) (bool, error) {
 	var ok bool
-	err := db.QueryRow(ctx, s.sql.unpark, scope, key).Scan(&ok)
+	err := db.QueryRow(ctx, s.sql.unpark, scope, key, unpark).Scan(&ok)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}

@@ -42,6 +42,7 @@ var schemaObjects = []struct{ kind, name string }{
 	{"function", "atomicphase_claim(text, text)"},
 	{"function", "atomicphase_record_unit(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)"},
 	{"table", "atomicphase_sweep_watermark"},
+	{"function", "atomicphase_schedule(text, text, boolean)"},
 	{"index", "idempotency_keys_waiting_idx"},
 	{"index", "idempotency_keys_parked_idx"},
 }
