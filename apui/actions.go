@@ -107,7 +107,13 @@ func (h *Handler) act(ctx context.Context, actor string, a *keyAction) (done str
 		if before.Status == atomicphase.KeyFinished {
 			return "", atomicphase.ErrKeyFinished
 		}
-		if err := rn.Unpark(ctx, a.Scope, a.Key); err != nil {
+		// A parked key is unparked (a fresh budget of attempts); any other
+		// is made due, its attempts as they are.
+		due := rn.MakeDue
+		if before.Status == atomicphase.KeyParked {
+			due = rn.Unpark
+		}
+		if err := due(ctx, a.Scope, a.Key); err != nil {
 			return "", err
 		}
 		if _, ok := rn.WorkflowPhases(before.Workflow); !ok {
@@ -143,11 +149,11 @@ func (h *Handler) act(ctx context.Context, actor string, a *keyAction) (done str
 	return "", &errBadAction{fmt.Sprintf("no action %q; use one of %s", a.Action, strings.Join(actionNames, ", "))}
 }
 
-// resumeFailed is a resume that unparked the key and scheduled it, but
+// resumeFailed is a resume that made the key due (unparking it), but
 // whose run of the key's phases failed.
 type resumeFailed struct{ err error }
 
-const resumeFailedText = "the key is unparked and due, but resuming it now failed: "
+const resumeFailedText = "the key is due for the sweep (unparked, if it was parked), but resuming it now failed: "
 
 func (e *resumeFailed) Error() string { return resumeFailedText + e.err.Error() }
 func (e *resumeFailed) Unwrap() error { return e.err }
@@ -169,6 +175,7 @@ func statusOf(err error) int {
 	case errors.Is(err, atomicphase.ErrKeyNotFound):
 		return http.StatusNotFound
 	case errors.Is(err, atomicphase.ErrKeyFinished), errors.Is(err, atomicphase.ErrKeyUnfinished),
+		errors.Is(err, atomicphase.ErrKeyNotParked), errors.Is(err, atomicphase.ErrKeyParked),
 		errors.Is(err, atomicphase.ErrInProgress), errors.Is(err, atomicphase.ErrOutcomeUnsettled):
 		return http.StatusConflict
 	}
@@ -238,7 +245,7 @@ func (h *Handler) bulkDo(ctx context.Context, actor, action string, f *atomicpha
 		return nil, &errBadAction{"a bulk action needs a filter (status, workflow, scope, age, error or key): it never applies to every key at once"}
 	}
 	f.Limit, f.After = h.opts.BulkLimit, nil
-	pg, err := h.opts.Runner.ListKeyPage(ctx, f)
+	pg, err := h.listKeys(ctx, f)
 	if err != nil {
 		return nil, err
 	}

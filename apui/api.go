@@ -86,7 +86,7 @@ func (h *Handler) apiKeys(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}
-	pg, err := h.opts.Runner.ListKeyPage(r.Context(), f)
+	pg, err := h.listKeys(r.Context(), f)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err)
 		return

@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -126,4 +128,34 @@ func TestLookUpByDownstreamKeyInItsScopeOnly(t *testing.T) {
 	var e map[string]string
 	require.Equal(t, http.StatusBadRequest, b.apiCall(t, "GET", "/api/lookup?ref="+b.labelRef, "", "", &e))
 	require.Contains(t, e["error"], "needs the scope")
+}
+
+// Unpark refuses a key that is not parked (409, the library's words),
+// changing and recording nothing; resume makes such a key due, its
+// attempts as they were.
+func TestUnparkRefusesAKeyNotParked(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	before := b.inspect(t, "erin", "hostile-1")
+	var e map[string]string
+	require.Equal(t, http.StatusConflict, b.apiCall(t, "POST", "/api/key/unpark", "application/json", `{"scope":"erin","key":"hostile-1"}`, &e))
+	require.Equal(t, atomicphase.ErrKeyNotParked.Error(), e["error"])
+	trail, err := b.runner.AuditTrail(b.ctx, "erin", "hostile-1", 0)
+	require.NoError(t, err)
+	require.Empty(t, trail, "a refused action records nothing")
+
+	// Without the workflow's code, resume schedules the key for the sweep.
+	standalone, err := atomicphase.NewRunner(b.db.Pool, nil)
+	require.NoError(t, err)
+	h, err := NewHandler(&Options{Runner: standalone})
+	require.NoError(t, err)
+	b.srv = httptest.NewServer(h)
+	t.Cleanup(b.srv.Close)
+	var done map[string]string
+	require.Equal(t, http.StatusOK, b.apiCall(t, "POST", "/api/key/resume", "application/json", `{"scope":"erin","key":"hostile-1"}`, &done))
+	require.Equal(t, "scheduled", done["done"])
+	after := b.inspect(t, "erin", "hostile-1")
+	require.Equal(t, before.Attempts, after.Attempts)
+	require.NotNil(t, after.NextAttemptAt)
+	require.False(t, after.NextAttemptAt.After(time.Now()), "due now")
 }

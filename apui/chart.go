@@ -185,5 +185,11 @@ func niceCeil(n int64) int64 {
 	}
 }
 
-// half is half the scale's top, for its middle label.
-func half(n int64) string { return strconv.FormatInt(n/2, 10) }
+// half is half the scale's top, for its middle label, exactly: the
+// middle of a scale to 5 is 2.5, not 2.
+func half(n int64) string {
+	if n%2 == 0 {
+		return strconv.FormatInt(n/2, 10)
+	}
+	return strconv.FormatInt(n/2, 10) + ".5"
+}

@@ -3,6 +3,7 @@ package apui
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
@@ -76,4 +77,25 @@ func TestNiceCeil(t *testing.T) {
 	for n, want := range map[int64]int64{1: 1, 2: 2, 3: 5, 6: 10, 12: 20, 51: 100, 999: 1000, 1001: 2000} {
 		require.Equal(t, want, niceCeil(n), n)
 	}
+}
+
+// The scale's middle label is the value at its middle: 2.5 on a scale to
+// 5, not 2.
+func TestChartLabelsTheMiddleOfItsScale(t *testing.T) {
+	t.Parallel()
+	for top, want := range map[int64]string{1: "0.5", 2: "1", 5: "2.5", 10: "5", 50: "25", 500: "250"} {
+		require.Equal(t, want, half(top), top)
+	}
+	b := setup(t, nil)
+	now := time.Now()
+	fresh, err := NewHandler(&Options{Runner: b.runner})
+	require.NoError(t, err)
+	for i, n := range []int64{1, 3, 4} {
+		fresh.samples.add(levelSample{At: now.Add(time.Duration(i-3) * 10 * time.Minute), Unfinished: n})
+	}
+	c := chartOf(fresh.samples.since(now), now)
+	require.Equal(t, int64(5), c.Max)
+	rec := httptest.NewRecorder()
+	require.NoError(t, fresh.pages["overview"].Execute(rec, &page{Data: &overviewData{Chart: c}}))
+	require.Contains(t, text(rec.Body.String()), "5 2.5 0 an hour ago now")
 }

@@ -1,6 +1,7 @@
 package apui
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -102,4 +103,49 @@ func cursorValues(v url.Values, c *atomicphase.KeyCursor) url.Values {
 	v.Set("after_s", c.Scope)
 	v.Set("after_k", c.Key)
 	return v
+}
+
+// listKeys reads the page of keys f selects. The error filter matches the
+// keys whose last error contains the text both as the key table stores it
+// (the database's filter) and as the console shows it (through
+// Config.RedactError): a text stored before the Runner redacted, or by a
+// process that does not, is searched only where it may be shown, so that
+// a guessed text cannot find what the page would hide. A page then ends at
+// its last key shown, never at one the text matched only where it is
+// hidden, and says there is a next page only when one would show a key.
+func (h *Handler) listKeys(ctx context.Context, f *atomicphase.KeyPageFilter) (*atomicphase.KeyPage, error) {
+	rn := h.opts.Runner
+	if f.ErrorContains == "" {
+		return rn.ListKeyPage(ctx, f)
+	}
+	limit := f.Limit
+	if limit <= 0 {
+		limit = atomicphase.DefaultListLimit
+	}
+	q := *f
+	q.Limit = limit + 1
+	want := strings.ToLower(f.ErrorContains)
+	var keys []*atomicphase.KeyInfo
+	for {
+		pg, err := rn.ListKeyPage(ctx, &q)
+		if err != nil {
+			return nil, err
+		}
+		for _, k := range pg.Keys {
+			if k.LastError != nil && strings.Contains(strings.ToLower(rn.RedactError(*k.LastError)), want) {
+				keys = append(keys, k)
+			}
+		}
+		if len(keys) > limit || pg.Next == nil {
+			break
+		}
+		q.After = pg.Next
+	}
+	page := &atomicphase.KeyPage{Keys: keys}
+	if len(keys) > limit {
+		page.Keys = keys[:limit]
+		last := keys[limit-1]
+		page.Next = &atomicphase.KeyCursor{CreatedAt: last.CreatedAt, Scope: last.Scope, Key: last.Key}
+	}
+	return page, nil
 }

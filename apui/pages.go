@@ -208,7 +208,7 @@ func (h *Handler) keys(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	start := time.Now()
-	pg, err := h.opts.Runner.ListKeyPage(r.Context(), f)
+	pg, err := h.listKeys(r.Context(), f)
 	if err != nil {
 		h.fail(w, r, http.StatusInternalServerError, err)
 		return

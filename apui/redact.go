@@ -65,7 +65,8 @@ func (h *Handler) errorsRedacted() bool { return h.opts.Redact != nil }
 // fixed: they carry nothing from a client or a downstream, and are shown
 // as they are.
 var knownErrors = []error{atomicphase.ErrKeyNotFound, atomicphase.ErrKeyFinished, atomicphase.ErrKeyUnfinished,
-	atomicphase.ErrInProgress, atomicphase.ErrOutcomeUnsettled, atomicphase.ErrStoreUnavailable}
+	atomicphase.ErrKeyNotParked, atomicphase.ErrKeyParked, atomicphase.ErrInProgress, atomicphase.ErrOutcomeUnsettled,
+	atomicphase.ErrStoreUnavailable}
 
 // actionError is the text of an action's error as the console shows it:
 // its own words for what it refused, the library's for the known refusals,
@@ -109,28 +110,100 @@ func auditError(err error) string {
 	return "failed: the key's last error, or the console's log, says why"
 }
 
-// shownAudit is the audit trail as the console shows it: an error text an
-// older release recorded in an entry's detail goes through errorText.
+// redactedNote is what an audit entry's note, or a verdict's result, the
+// Redact hook blanked reads as.
+const redactedNote = "(redacted)"
+
+// shownAudit is the audit trail as the console shows it. An entry carries
+// what Redact may hide on the key: a verdict's note and result, given
+// again in the entry's note and detail (and any operator's note is as
+// free as a verdict's), and an error text an older release recorded in
+// its detail. Each goes through the hooks as the key's field would: the
+// note as its ResolvedNote, the detail's result as its ResolvedResult, the
+// detail's error through errorText, in one call of Redact with a KeyInfo
+// that holds only the key's scope and key besides.
 func (h *Handler) shownAudit(trail []*atomicphase.AuditEntry) []*atomicphase.AuditEntry {
 	out := make([]*atomicphase.AuditEntry, len(trail))
 	for i, e := range trail {
-		out[i] = e
-		var d map[string]any
-		if len(e.Detail) == 0 || json.Unmarshal(e.Detail, &d) != nil {
-			continue
-		}
-		msg, ok := d["error"].(string)
-		if !ok {
-			continue
-		}
-		d["error"] = h.errorText(e.Scope, e.Key, msg)
-		raw, err := json.Marshal(d)
-		if err != nil {
-			continue
-		}
-		c := *e
-		c.Detail = raw
-		out[i] = &c
+		out[i] = h.shownEntry(e)
 	}
 	return out
+}
+
+// shownEntry is one entry of the trail as the console shows it.
+func (h *Handler) shownEntry(e *atomicphase.AuditEntry) *atomicphase.AuditEntry {
+	var d map[string]any
+	if len(e.Detail) > 0 && json.Unmarshal(e.Detail, &d) != nil {
+		d = nil
+		if h.opts.Redact != nil {
+			// Not the console's, nor the CLI's: no field of it is known
+			// to be safe to show.
+			c := *e
+			c.Note, c.Detail = redactedNote, json.RawMessage(`"`+redactedNote+`"`)
+			return &c
+		}
+	}
+	msg, hasError := d["error"].(string)
+	result, hasResult := d["result"]
+	if h.opts.Redact == nil {
+		if !hasError {
+			return e
+		}
+		d["error"] = h.opts.Runner.RedactError(msg)
+		return withDetail(e, e.Note, d)
+	}
+	k := &atomicphase.KeyInfo{Scope: e.Scope, Key: e.Key}
+	if e.Note != "" {
+		note := e.Note
+		k.ResolvedNote = &note
+	}
+	if hasResult {
+		raw, err := json.Marshal(result)
+		if err != nil {
+			raw = nil
+		}
+		k.ResolvedResult = raw
+	}
+	if hasError {
+		text := h.opts.Runner.RedactError(msg)
+		k.LastError = &text
+	}
+	h.opts.Redact(k)
+	note := ""
+	switch {
+	case e.Note == "":
+	case k.ResolvedNote == nil || *k.ResolvedNote == "":
+		note = redactedNote
+	default:
+		note = *k.ResolvedNote
+	}
+	if hasResult {
+		if len(k.ResolvedResult) == 0 || !json.Valid(k.ResolvedResult) {
+			d["result"] = redactedNote
+		} else {
+			d["result"] = json.RawMessage(k.ResolvedResult)
+		}
+	}
+	if hasError {
+		if k.LastError == nil || *k.LastError == "" {
+			d["error"] = redactedText
+		} else {
+			d["error"] = *k.LastError
+		}
+	}
+	return withDetail(e, note, d)
+}
+
+// withDetail is a copy of e with note and the detail d.
+func withDetail(e *atomicphase.AuditEntry, note string, d map[string]any) *atomicphase.AuditEntry {
+	c := *e
+	c.Note = note
+	if d != nil {
+		raw, err := json.Marshal(d)
+		if err != nil {
+			raw = json.RawMessage(`"` + redactedNote + `"`)
+		}
+		c.Detail = raw
+	}
+	return &c
 }
