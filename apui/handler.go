@@ -62,12 +62,16 @@ type Options struct {
 	// shows goes through it too, as a KeyInfo's LastError: a key's own, and
 	// those of actions on a key (a resume that fails again, a bulk action's
 	// failures, an audit entry's), passed as a KeyInfo that holds only the
-	// key's scope and key besides. While it is set, the key list cannot be
-	// filtered by error text, which would let a guessed text match what it
-	// hides; rewrite error text with the Runner's Config.RedactError
-	// instead, which applies before the text is stored (the console applies
-	// it too), so that the filter stays and searches only what may be
-	// shown. Defaults to showing all.
+	// key's scope and key besides. So does what an audit entry repeats of
+	// a verdict: the entry's note, as the KeyInfo's ResolvedNote, and its
+	// result, as its ResolvedResult (blanked, each reads "(redacted)").
+	// While it is set, the key list cannot be filtered by error text,
+	// which would let a guessed text match what it hides; rewrite error
+	// text with the Runner's Config.RedactError instead, which applies
+	// before the text is stored (the console applies it too), so that the
+	// filter stays: it finds a key whose error contains the text both as
+	// stored and as shown, never by what the page hides of a text stored
+	// before. Defaults to showing all.
 	Redact func(k *atomicphase.KeyInfo)
 	// PageSize is how many keys a page of the list shows. Defaults to 50.
 	PageSize int

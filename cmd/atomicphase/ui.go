@@ -45,7 +45,8 @@ It listens on the loopback interface unless told otherwise, and refuses
 another address without --token or --basic-auth. With --token, requests
 must carry "Authorization: Bearer TOKEN" (scripts) or basic auth with the
 token as password (a browser asks for it); with --basic-auth USER:PASSWORD,
-that user and password. Tokens and passwords are at least 16 characters.
+that user and password. Tokens and passwords are at least 16 characters,
+not counting the blanks around them.
 --read-only hides the actions and refuses every change. The token and
 password may come from ATOMICPHASE_UI_TOKEN and ATOMICPHASE_UI_BASIC_AUTH
 instead, to keep them off the command line.
