@@ -5,6 +5,9 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
@@ -62,9 +65,8 @@ func browser(t *testing.T) context.Context {
 // consoleKeys gives the test a database holding, built by a process that
 // registered the workflows (the ui command has not):
 //
-//	bob/parked-1..3, dave/parked-4   payout    parked (a permanent failure)
-//	alice/finished-1..2              checkout  finished
-//	frank/unknown-1                  label     unknown: the call failed, reconcile cannot tell
+//	bob/parked-1..3, dave/parked-4, erin/parked-5..6   payout  parked (a permanent failure)
+//	frank/unknown-1                                    label   unknown: the call failed, reconcile cannot tell
 //
 // and returns the downstream key the label call was sent with.
 func consoleKeys(t *testing.T) (*testBundle, string) {
@@ -81,7 +83,6 @@ func consoleKeys(t *testing.T) (*testBundle, string) {
 	}
 	var labelRef string
 	workflows := map[string]*atomicphase.Workflow[state]{
-		"checkout": atomicphase.MustWorkflow("checkout", start, []atomicphase.Phase[state]{atomicphase.Local("charge", respond)}, nil),
 		"payout": atomicphase.MustWorkflow("payout", start, []atomicphase.Phase[state]{
 			atomicphase.Local("payout", func(context.Context, atomicphase.Tx, *state) (atomicphase.Outcome, error) {
 				return atomicphase.Outcome{}, atomicphase.Permanent(errors.New("account closed"))
@@ -99,7 +100,7 @@ func consoleKeys(t *testing.T) (*testBundle, string) {
 	}
 	for _, k := range []struct{ workflow, scope, key string }{
 		{"payout", "bob", "parked-1"}, {"payout", "bob", "parked-2"}, {"payout", "bob", "parked-3"}, {"payout", "dave", "parked-4"},
-		{"checkout", "alice", "finished-1"}, {"checkout", "alice", "finished-2"}, {"label", "frank", "unknown-1"},
+		{"payout", "erin", "parked-5"}, {"payout", "erin", "parked-6"}, {"label", "frank", "unknown-1"},
 	} {
 		_, _ = service.Run(b.ctx, workflows[k.workflow], atomicphase.Request{Scope: k.scope, Key: k.key, Method: "POST", Path: "/" + k.workflow})
 	}
@@ -107,6 +108,12 @@ func consoleKeys(t *testing.T) (*testBundle, string) {
 	require.NotEmpty(t, labelRef)
 	return b, labelRef
 }
+
+// crossSitePage is another origin's page with a form that unparks a key
+// of the console at %[2]s, under the referrer policy %[1]s.
+const crossSitePage = `<!doctype html><meta name="referrer" content="%[1]s">
+<form method="post" action="%[2]skey"><input name="action" value="unpark"><input name="scope" value="dave">
+<input name="key" value="parked-4"><input name="csrf" value="guessed"><button id="go">go</button></form>`
 
 // act opens a page of the console, runs fill (the form's fields), clicks
 // the button and returns the text of the page the browser ends on: the
@@ -143,6 +150,20 @@ func TestUIActionsInABrowser(t *testing.T) {
 	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte("operator:"+uiToken))
 	require.NoError(t, chromedp.Run(ctx, network.Enable(), network.SetExtraHTTPHeaders(network.Headers{"Authorization": auth})))
 
+	// Another origin's form is still refused, whatever its page's policy
+	// makes the browser send (its origin, or "null"), with the operator's
+	// credentials on it: a page on another port of the same address.
+	for _, policy := range []string{"strict-origin-when-cross-origin", "no-referrer"} {
+		attacker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/html")
+			fmt.Fprintf(w, crossSitePage, policy, base)
+		}))
+		txt := act(t, ctx, attacker.URL, nil, "#go")
+		attacker.Close()
+		require.Contains(t, txt, "refused", policy)
+		require.Equal(t, atomicphase.KeyParked, b.inspect(t, "dave", "parked-4").Status, policy)
+	}
+
 	// Unpark: the key waits for the sweep.
 	txt := act(t, ctx, base+"key?scope=bob&key=parked-1", nil, "#unpark")
 	require.Contains(t, txt, "Unparked: the next sweep resumes the key.")
@@ -170,10 +191,10 @@ func TestUIActionsInABrowser(t *testing.T) {
 	require.True(t, *k.ResolvedHappened)
 	require.JSONEq(t, `"lbl-1"`, string(k.ResolvedResult))
 
-	// Forget a finished key.
-	txt = act(t, ctx, base+"key?scope=alice&key=finished-1", nil, "#forget")
+	// Forget a parked key (its phase made no call).
+	txt = act(t, ctx, base+"key?scope=erin&key=parked-5", nil, "#forget")
 	require.Contains(t, txt, "Forgotten: the key and its stored response are deleted.")
-	require.False(t, b.keyExists(t, "finished-1"))
+	require.False(t, b.keyExists(t, "parked-5"))
 
 	// The bulk actions: a dry run that changes nothing, then the
 	// confirmation.
@@ -186,7 +207,7 @@ func TestUIActionsInABrowser(t *testing.T) {
 			require.Equal(t, atomicphase.KeyParked, b.inspect(t, "dave", "parked-4").Status, "another scope's key")
 		}},
 		{"resume", "status=parked&scope=dave", func() { require.Nil(t, b.inspect(t, "dave", "parked-4").ParkedAt) }},
-		{"forget", "status=finished&scope=alice", func() { require.False(t, b.keyExists(t, "finished-2")) }},
+		{"forget", "status=parked&scope=erin", func() { require.False(t, b.keyExists(t, "parked-6")) }},
 	} {
 		txt = act(t, ctx, base+"keys?list=1&"+c.filter, chromedp.Tasks{chromedp.SetValue("#bulk-action", c.action, chromedp.ByID)}, "#dry-run")
 		require.Contains(t, txt, "This would "+c.action+" 1 key. Nothing has changed yet.", c.action)
