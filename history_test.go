@@ -111,7 +111,8 @@ func TestKeyHistoryOfAParkedKeyAndATakeover(t *testing.T) {
 	}, got)
 	require.Len(t, bk.payouts, 1)
 
-	require.NoError(t, b.runner.Forget(b.ctx, "driver_1", "p"))
+	require.ErrorIs(t, b.runner.Forget(b.ctx, "driver_1", "p"), atomicphase.ErrKeyPaid, "it paid")
+	require.NoError(t, b.runner.ForgetForced(b.ctx, "driver_1", "p", "ops", "the bank refunded po_1"))
 	require.Empty(t, events(t, b, "p"), "forgotten with its key")
 	require.Zero(t, historyRows(t, b))
 }

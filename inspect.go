@@ -66,6 +66,15 @@ type KeyInfo struct {
 	// (CalledAt). Forget refuses such a key (ErrOutcomeUnsettled), and the
 	// sweep does not reap it.
 	Unsettled bool
+	// Paid is set on a finished key that may have made a foreign call: its
+	// workflow version, as this Runner registered it, has a foreign phase,
+	// or this Runner has not registered that version and cannot tell (an
+	// operator's CLI or console, which has not the workflow's code).
+	// Forget refuses such a key (ErrKeyPaid): the client's retry would run
+	// as a new request, with new downstream keys, and pay again;
+	// ForgetForced gives it up with a reason. The reaper, after the
+	// retention, deletes it as any finished key.
+	Paid bool
 	// CallUntil is when the quiet period of the foreign call the key was
 	// last marked as making ends (the lease plus Config.CallGrace); nil
 	// when no call is marked.
@@ -138,9 +147,10 @@ func (r *Runner) Inspect(ctx context.Context, scope, key string) (*KeyInfo, erro
 }
 
 // keyInfo is keyInfo with the key's downstream keys, for workflows this
-// Runner registered.
+// Runner registered, and for a finished key whether it may have paid.
 func (r *Runner) keyInfo(in *keystore.Info) *KeyInfo {
 	info := keyInfo(in)
+	info.Paid = info.Response != nil && r.mayHaveCalled(info.Workflow, info.WorkflowVersion)
 	for _, wf := range r.definitionsOf(in.Workflow) {
 		for _, st := range wf.phaseSteps() {
 			if st.call == nil {
@@ -155,6 +165,24 @@ func (r *Runner) keyInfo(in *keystore.Info) *KeyInfo {
 		}
 	}
 	return info
+}
+
+// mayHaveCalled reports whether a key of version of workflow may have made
+// a foreign call: the version, as this Runner registered it, has a foreign
+// phase, or this Runner has not registered the version.
+func (r *Runner) mayHaveCalled(workflow, version string) bool {
+	for _, wf := range r.definitionsOf(workflow) {
+		if wf.Version() != version {
+			continue
+		}
+		for _, st := range wf.phaseSteps() {
+			if st.call != nil {
+				return true
+			}
+		}
+		return false
+	}
+	return true
 }
 
 // keyInfo is the KeyInfo of a key's row as the key store read it.

@@ -90,6 +90,12 @@ var ErrKeyUnfinished = errors.New("atomicphase: idempotency key unfinished and n
 // happened, or give the key up with ForgetForced and a reason.
 var ErrOutcomeUnsettled = errors.New("atomicphase: idempotency key's foreign call outcome is unknown or the call may be in flight; forgetting it could pay twice")
 
+// ErrKeyPaid is returned by Forget for a finished key that may have made a
+// foreign call (KeyInfo.Paid): forgetting it would let the client's retry
+// run as a new request, with new downstream keys, and pay again. Give it
+// up with ForgetForced and a reason, or leave it to the reaper.
+var ErrKeyPaid = errors.New("atomicphase: idempotency key finished after a foreign call that may have paid; forgetting it lets a retry pay again")
+
 // Unpark makes a parked key eligible for the next sweep at once: it clears
 // the parked mark and any backoff, and gives the key a fresh budget of
 // Config.MaxAttempts attempts (its last error stays for reference). The
@@ -139,16 +145,26 @@ func (r *Runner) schedule(ctx context.Context, scope, key string, unpark bool) e
 // up. The same client key is then a new request, with new downstream keys:
 // nothing its earlier phases did is re-linked, and nothing is undone. It
 // returns ErrKeyNotFound for a key never recorded, ErrKeyUnfinished for
-// one still in progress or waiting to be resumed, and ErrOutcomeUnsettled
-// for a parked key whose call's outcome is unknown or whose call may be in
-// flight (ForgetForced is the way to give one up).
+// one still in progress or waiting to be resumed, ErrOutcomeUnsettled for
+// a parked key whose call's outcome is unknown or whose call may be in
+// flight, and ErrKeyPaid for a finished key that may have made a foreign
+// call (KeyInfo.Paid); ForgetForced is the way to give up either.
 func (r *Runner) Forget(ctx context.Context, scope, key string) error {
+	info, err := r.Inspect(ctx, scope, key)
+	switch {
+	case err != nil:
+		return err
+	case info.Paid:
+		// A key read finished stays so: no write takes a finished key.
+		return ErrKeyPaid
+	}
 	return r.forget(ctx, scope, key, false)
 }
 
 // ForgetForced is Forget for a key that Forget refuses with
-// ErrOutcomeUnsettled: an operator who has settled the call's outcome with
-// the downstream some other way gives the key up. actor (who) and reason
+// ErrOutcomeUnsettled or ErrKeyPaid: an operator who has settled the
+// call's outcome with the downstream some other way, or who means the
+// client's retry to run again, gives the key up. actor (who) and reason
 // (why) are required; the entry, with the key's recovery point, downstream
 // salt and unknown-outcome mark, goes to the audit trail before the key is
 // deleted, so that the payment it may have made can still be found. Keys
@@ -163,7 +179,7 @@ func (r *Runner) ForgetForced(ctx context.Context, scope, key, actor, reason str
 		return err
 	}
 	detail, _ := json.Marshal(map[string]any{ // plain values: cannot fail
-		"forced": true, "status_before": info.Status, "recovery_point": info.RecoveryPoint,
+		"forced": true, "status_before": info.Status, "recovery_point": info.RecoveryPoint, "paid": info.Paid,
 		"unknown_at": info.UnknownAt, "call_until": info.CallUntil, "called_at": info.CalledAt,
 		"downstream_salt": info.DownstreamSalt, "downstream_keys": info.DownstreamKeys,
 	})

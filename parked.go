@@ -24,10 +24,10 @@ type BulkOpts struct {
 	// Defaults to false.
 	DryRun bool
 	// Force makes ForgetKeys forget the keys that Forget refuses with
-	// ErrOutcomeUnsettled too, each through ForgetForced, with Actor and
-	// Reason (both required with Force) recorded in its audit trail.
-	// Without it such keys are skipped, and a dry run lists them with
-	// KeyInfo.Unsettled set. Defaults to false.
+	// ErrOutcomeUnsettled or ErrKeyPaid too, each through ForgetForced,
+	// with Actor and Reason (both required with Force) recorded in its
+	// audit trail. Without it such keys are skipped, and a dry run lists
+	// them with KeyInfo.Unsettled or KeyInfo.Paid set. Defaults to false.
 	Force bool
 	// Actor and Reason are who forces a forget and why (Force).
 	Actor, Reason string
@@ -40,8 +40,9 @@ type BulkOpts struct {
 // (the default) or KeyFinished. A key that changed since it was listed (a
 // retry took it, say) is skipped, as Forget would refuse it. So is a key
 // whose call's outcome is unknown or whose call may be in flight
-// (ErrOutcomeUnsettled, KeyInfo.Unsettled), unless opts.Force gives who
-// forces it and why.
+// (ErrOutcomeUnsettled, KeyInfo.Unsettled), and a finished key that may
+// have paid (ErrKeyPaid, KeyInfo.Paid), unless opts.Force gives who forces
+// it and why.
 func (r *Runner) ForgetKeys(ctx context.Context, f *KeyFilter, opts *BulkOpts) ([]*KeyInfo, error) {
 	force := opts != nil && opts.Force
 	if force && (strings.TrimSpace(opts.Actor) == "" || strings.TrimSpace(opts.Reason) == "") {
@@ -49,10 +50,10 @@ func (r *Runner) ForgetKeys(ctx context.Context, f *KeyFilter, opts *BulkOpts) (
 	}
 	return r.bulk(ctx, "ForgetKeys", f, opts, []KeyStatus{KeyParked, KeyFinished}, func(k *KeyInfo) error {
 		err := r.Forget(ctx, k.Scope, k.Key)
-		if force && errors.Is(err, ErrOutcomeUnsettled) {
+		if force && (errors.Is(err, ErrOutcomeUnsettled) || errors.Is(err, ErrKeyPaid)) {
 			err = r.ForgetForced(ctx, k.Scope, k.Key, opts.Actor, opts.Reason)
 		}
-		if errors.Is(err, ErrKeyUnfinished) || errors.Is(err, ErrKeyNotFound) || errors.Is(err, ErrOutcomeUnsettled) {
+		if errors.Is(err, ErrKeyUnfinished) || errors.Is(err, ErrKeyNotFound) || errors.Is(err, ErrOutcomeUnsettled) || errors.Is(err, ErrKeyPaid) {
 			return errSkipped
 		}
 		return err

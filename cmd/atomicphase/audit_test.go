@@ -20,7 +20,7 @@ func TestCLIActionsAreAudited(t *testing.T) {
 	b.exec(t, `UPDATE idempotency_keys SET unknown_at = now() WHERE idempotency_key = 'parked-1'`)
 	res = as("ben", "resolve", "bob", "parked-1", "--happened", "--result", `"po_7"`, "--note", "bank portal", "--yes")
 	require.Equal(t, 0, res.code, res.stderr)
-	res = b.run(t, "forget", "alice", "finished-1", "--yes")
+	res = b.run(t, "forget", "alice", "finished-1", "--yes", "--force", "--reason", "a fixed bug's answer")
 	require.Equal(t, 0, res.code, res.stderr)
 
 	res = b.run(t, "inspect", "bob", "parked-1")

@@ -128,22 +128,35 @@ func (c *cli) runBulk(ctx context.Context, b *bulkFlags, yes bool, verb string, 
 }
 
 // writeUnsettled names the keys of a forget's dry run that the forget
-// will skip: those that may have paid without knowing it.
+// will skip: those that may have paid without knowing it, and finished
+// keys that may have paid.
 func (c *cli) writeUnsettled(keys []*atomicphase.KeyInfo) error {
-	n := 0
+	unsettled, paid := 0, 0
 	for _, k := range keys {
-		if k.Unsettled {
-			n++
-			if _, err := fmt.Fprintf(c.stdout, "UNSETTLED %s %s: its call's outcome is unknown or the call may be in flight; it will be skipped\n", k.Scope, k.Key); err != nil {
-				return err
-			}
+		var err error
+		switch {
+		case k.Unsettled:
+			unsettled++
+			_, err = fmt.Fprintf(c.stdout, "UNSETTLED %s %s: its call's outcome is unknown or the call may be in flight; it will be skipped\n", k.Scope, k.Key)
+		case k.Paid:
+			paid++
+			_, err = fmt.Fprintf(c.stdout, "PAID %s %s: it finished after a foreign call that may have paid; it will be skipped\n", k.Scope, k.Key)
+		}
+		if err != nil {
+			return err
 		}
 	}
-	if n == 0 {
-		return nil
+	if unsettled > 0 {
+		if _, err := fmt.Fprintf(c.stdout, "%d of these keys may have paid without knowing it: forgetting one lets a retry pay again. Record a verdict (atomicphase resolve), or pass --force --reason \"...\" (kept in each key's audit trail)\n", unsettled); err != nil {
+			return err
+		}
 	}
-	_, err := fmt.Fprintf(c.stdout, "%d of these keys may have paid without knowing it: forgetting one lets a retry pay again. Record a verdict (atomicphase resolve), or pass --force --reason \"...\" (kept in each key's audit trail)\n", n)
-	return err
+	if paid > 0 {
+		if _, err := fmt.Fprintf(c.stdout, "%d of these keys finished after a foreign call that may have paid: forgetting one lets its client's retry pay again. Leave them to the reaper, or pass --force --reason \"...\" (kept in each key's audit trail)\n", paid); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // capitalize is the imperative of a bulk action's past participle, for

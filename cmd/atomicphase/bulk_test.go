@@ -23,7 +23,15 @@ func TestBulkForgetAndUnpark(t *testing.T) {
 	require.Contains(t, res.stdout, "1 keys unparked")
 	require.Nil(t, b.inspect(t, "bob", "parked-1").ParkedAt)
 
+	// Finished keys may have paid: a dry run marks them, a forget skips
+	// them, and a forced one, with a reason, forgets them.
+	res = b.run(t, "forget", "--status", "finished", "--scope", "alice", "--dry-run")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, "PAID alice finished-1: it finished after a foreign call that may have paid; it will be skipped")
 	res = b.run(t, "forget", "--status", "finished", "--scope", "alice", "--yes")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, "0 keys forgotten")
+	res = b.run(t, "forget", "--status", "finished", "--scope", "alice", "--yes", "--force", "--reason", "answers of a fixed bug")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Contains(t, res.stdout, "2 keys forgotten")
 

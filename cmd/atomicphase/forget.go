@@ -38,6 +38,12 @@ says what happened, or, having settled it some other way, pass --force
 with --reason; the reason, who forced it and the key's downstream
 references go to the key's audit trail.
 
+So is a finished key that may have made a foreign call (--dry-run marks it
+PAID): its client's retry would run as a new request and pay again. The
+CLI has not your workflows' code, so it cannot tell a workflow that makes
+no foreign call: every finished key needs --force --reason here. The
+reaper deletes finished keys after their retention all the same.
+
 Given no SCOPE KEY but filters, forget acts on every key they select (parked
 keys unless --status finished is given), at most --limit of them, oldest
 first; --dry-run lists them and changes nothing.
@@ -68,7 +74,7 @@ forget asks for confirmation on standard input unless --yes is given.`),
 		},
 	}
 	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation")
-	cmd.Flags().BoolVar(&force, "force", false, "forget keys whose call's outcome is unknown or whose call may be in flight too (needs --reason)")
+	cmd.Flags().BoolVar(&force, "force", false, "forget keys whose call's outcome is unknown or whose call may be in flight, and finished keys that may have paid, too (needs --reason)")
 	cmd.Flags().StringVar(&reason, "reason", "", "with --force: why the outcome is settled, recorded in the audit trail")
 	b.add(cmd, "with no SCOPE KEY: parked (the default) or finished")
 	return cmd
@@ -86,8 +92,11 @@ func (c *cli) forget(ctx context.Context, scope, key string, yes, force bool, re
 		if err := forgettable(info); err != nil {
 			return err
 		}
-		if info.Unsettled && !force {
+		switch {
+		case info.Unsettled && !force:
 			return unsettled(info)
+		case info.Paid && !force:
+			return paid(info)
 		}
 		if !yes {
 			fmt.Fprintf(c.stderr, "Forget %s key %q in scope %q (workflow %q, created %s)? A retry with this key will run as a new request. [y/N] ",
@@ -105,6 +114,8 @@ func (c *cli) forget(ctx context.Context, scope, key string, yes, force bool, re
 		switch {
 		case errors.Is(err, atomicphase.ErrOutcomeUnsettled):
 			return unsettled(info)
+		case errors.Is(err, atomicphase.ErrKeyPaid):
+			return paid(info)
 		case errors.Is(err, atomicphase.ErrKeyNotFound):
 			return keyNotFound(scope, key)
 		case errors.Is(err, atomicphase.ErrKeyUnfinished):
@@ -133,16 +144,30 @@ func (c *cli) forget(ctx context.Context, scope, key string, yes, force bool, re
 // unsettled is the refusal to forget a key that may have paid without
 // knowing it.
 func unsettled(k *atomicphase.KeyInfo) error {
+	return fmt.Errorf("key %q in scope %q is parked with its call's outcome unknown or the call possibly in flight: forgetting it lets a retry run as a new request and pay again. Ask the downstream (references: %s) and record a verdict with resolve, or pass --force --reason \"...\"",
+		k.Key, k.Scope, references(k))
+}
+
+// paid is the refusal to forget a finished key that may have made a
+// foreign call.
+func paid(k *atomicphase.KeyInfo) error {
+	return fmt.Errorf("key %q in scope %q finished after a foreign call that may have paid (references: %s): forgetting it lets the client's retry run as a new request and pay again. "+
+		"Leave it to the reaper, or pass --force --reason \"...\" if a second payment is what you mean",
+		k.Key, k.Scope, references(k))
+}
+
+// references lists a key's downstream keys, phase=key, for an operator
+// to look up.
+func references(k *atomicphase.KeyInfo) string {
 	refs := make([]string, 0, len(k.DownstreamKeys))
 	for phase, ref := range k.DownstreamKeys {
 		refs = append(refs, phase+"="+ref)
 	}
 	slices.Sort(refs)
 	if len(refs) == 0 {
-		refs = []string{"see the key's downstream keys in its workflow's service"}
+		return "see the key's downstream keys in its workflow's service"
 	}
-	return fmt.Errorf("key %q in scope %q is parked with its call's outcome unknown or the call possibly in flight: forgetting it lets a retry run as a new request and pay again. Ask the downstream (references: %s) and record a verdict with resolve, or pass --force --reason \"...\"",
-		k.Key, k.Scope, strings.Join(refs, ", "))
+	return strings.Join(refs, ", ")
 }
 
 // forgettable says why a key may not be forgotten, or nil if it may.

@@ -10,10 +10,21 @@ func TestForget(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 
+	// The CLI has not the workflow's code: a finished key may have paid,
+	// and is forgotten only by force, with a reason.
 	res := b.run(t, "forget", "--yes", "alice", "finished-1")
+	require.Equal(t, exitFailure, res.code)
+	require.Contains(t, res.stderr, `key "finished-1" in scope "alice" finished after a foreign call that may have paid`)
+	require.Contains(t, res.stderr, `--force --reason`)
+	require.True(t, b.keyExists(t, "finished-1"))
+	res = b.run(t, "forget", "--yes", "alice", "finished-1", "--force", "--reason", "the stored answer came from a fixed bug")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Equal(t, `forgot finished key "finished-1" in scope "alice"`+"\n", res.stdout)
 	require.False(t, b.keyExists(t, "finished-1"))
+	trail, err := b.runner.AuditTrail(b.ctx, "alice", "finished-1", 0)
+	require.NoError(t, err)
+	require.Len(t, trail, 1)
+	require.Equal(t, "the stored answer came from a fixed bug", trail[0].Note)
 
 	res = b.runInput(t, "y\n", "forget", "bob", "parked-1")
 	require.Equal(t, 0, res.code, res.stderr)
@@ -29,11 +40,11 @@ func TestForgetNotConfirmed(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	for _, answer := range []string{"", "n\n", "no\n", "maybe\n"} {
-		res := b.runInput(t, answer, "forget", "alice", "finished-1")
+		res := b.runInput(t, answer, "forget", "bob", "parked-1")
 		require.Equal(t, exitFailure, res.code, "%q", answer)
 		require.Contains(t, res.stderr, "not confirmed: nothing deleted (answer y, or pass --yes)")
 		require.Empty(t, res.stdout)
-		require.True(t, b.keyExists(t, "finished-1"))
+		require.True(t, b.keyExists(t, "parked-1"))
 	}
 }
 

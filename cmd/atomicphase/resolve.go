@@ -109,6 +109,12 @@ phases need stays empty).`),
 				if happened {
 					verdict = "happened: the request goes on without making the call again"
 				}
+				if after, ierr := r.Inspect(cmd.Context(), scope, key); ierr == nil && after.Status == atomicphase.KeyParked {
+					// Parked for good: a bug, which the verdict does not fix.
+					_, err = fmt.Fprintf(c.stdout, "verdict recorded (%s); the key stays parked, as it was parked for good (a permanent failure or a panic: see its last error): "+
+						"unpark it once its code is fixed, and the attempt that resumes it follows the verdict\n", verdict)
+					return err
+				}
 				_, err = fmt.Fprintf(c.stdout, "verdict recorded (%s); the next sweep of a process that registered the key's workflow, or a client retry, follows it\n", verdict)
 				return err
 			})

@@ -30,7 +30,8 @@ func TestResolve(t *testing.T) {
 	res = b.run(t, "resolve", "bob", "parked-1", "--happened", "--note", "seen in the portal", "--yes")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Contains(t, res.stdout, "happened: the request goes on")
-	require.Nil(t, b.inspect(t, "bob", "parked-1").ParkedAt, "a parked key is made due")
+	require.Contains(t, res.stdout, "the key stays parked, as it was parked for good")
+	require.NotNil(t, b.inspect(t, "bob", "parked-1").ParkedAt, "a key parked for good (its account closed) stays parked")
 	require.Nil(t, b.inspect(t, "bob", "parked-1").ResolvedResult)
 
 	res = b.run(t, "resolve", "bob", "parked-1", "--happened", "--result", `{"label_id":"lbl_9x2"}`, "--note", "carrier portal", "--yes")
