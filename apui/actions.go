@@ -175,7 +175,7 @@ func statusOf(err error) int {
 	case errors.Is(err, atomicphase.ErrKeyNotFound):
 		return http.StatusNotFound
 	case errors.Is(err, atomicphase.ErrKeyFinished), errors.Is(err, atomicphase.ErrKeyUnfinished),
-		errors.Is(err, atomicphase.ErrKeyNotParked), errors.Is(err, atomicphase.ErrKeyParked),
+		errors.Is(err, atomicphase.ErrKeyNotParked), errors.Is(err, atomicphase.ErrKeyParked), errors.Is(err, atomicphase.ErrKeyPaid),
 		errors.Is(err, atomicphase.ErrInProgress), errors.Is(err, atomicphase.ErrOutcomeUnsettled):
 		return http.StatusConflict
 	}
@@ -226,6 +226,11 @@ type bulkResult struct {
 	// outcome is unknown or whose call may be in flight: the forget skips
 	// them (atomicphase.ErrOutcomeUnsettled), and the dry run says so.
 	Unsettled int `json:"unsettled"`
+	// Paid counts, for a forget, the selected finished keys that may have
+	// made a foreign call (KeyInfo.Paid; every finished key, for a console
+	// that has not registered the key's workflow version): the forget
+	// skips them too (atomicphase.ErrKeyPaid).
+	Paid int `json:"paid"`
 	// Sample are the first keys selected (a dry run shows them).
 	Sample []*atomicphase.KeyInfo `json:"sample"`
 	// Done and Failed count the keys changed and those the action refused
@@ -257,6 +262,9 @@ func (h *Handler) bulkDo(ctx context.Context, actor, action string, f *atomicpha
 	for i, k := range pg.Keys {
 		if action == "forget" && k.Unsettled {
 			res.Unsettled++
+		}
+		if action == "forget" && k.Paid {
+			res.Paid++
 		}
 		if i < 10 {
 			res.Sample = append(res.Sample, h.redacted(k))

@@ -55,3 +55,16 @@ func showBody(b []byte) string {
 	n := min(len(b), 64)
 	return fmt.Sprintf("(%d bytes, not text) % x…", len(b), b[:n])
 }
+
+// shellWord writes s as one word of a command line an operator may paste
+// into a shell: as it is when it holds only characters no shell reads
+// specially, else in single quotes (a quote in it closed, escaped and
+// reopened), with control characters written out. A scope or a key is a
+// client's text: pasted as it is, "x; curl … | sh" would run.
+func shellWord(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.,:/@%+=") == "" {
+		return s
+	}
+	s = escapeControl(strings.ReplaceAll(s, "'", `'\''`))
+	return "'" + strings.NewReplacer("\n", `\n`, "\r", `\r`, "\t", `\t`).Replace(s) + "'"
+}

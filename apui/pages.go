@@ -32,6 +32,7 @@ func (h *Handler) parseTemplates() error {
 		"when":           when,
 		"keyURL":         h.keyURL,
 		"escape":         escapeControl,
+		"shellWord":      shellWord,
 		"errorLines":     errorLines,
 		"showJSON":       showJSON,
 		"showBody":       showBody,

@@ -65,8 +65,8 @@ func (h *Handler) errorsRedacted() bool { return h.opts.Redact != nil }
 // fixed: they carry nothing from a client or a downstream, and are shown
 // as they are.
 var knownErrors = []error{atomicphase.ErrKeyNotFound, atomicphase.ErrKeyFinished, atomicphase.ErrKeyUnfinished,
-	atomicphase.ErrKeyNotParked, atomicphase.ErrKeyParked, atomicphase.ErrInProgress, atomicphase.ErrOutcomeUnsettled,
-	atomicphase.ErrStoreUnavailable}
+	atomicphase.ErrKeyNotParked, atomicphase.ErrKeyParked, atomicphase.ErrKeyPaid, atomicphase.ErrInProgress,
+	atomicphase.ErrOutcomeUnsettled, atomicphase.ErrStoreUnavailable}
 
 // actionError is the text of an action's error as the console shows it:
 // its own words for what it refused, the library's for the known refusals,
