@@ -90,7 +90,11 @@ type Config struct {
 	// AttemptBackoff is the base of the backoff between the sweep's tries of
 	// a key whose attempt failed: after attempt n the key rests a random
 	// duration in [½, 1] × AttemptBackoff·2^(n-1), at most MaxAttemptBackoff.
-	// Client retries are not held back. Defaults to 1s.
+	// Client retries are not held back, but for a key whose foreign call's
+	// outcome is unknown and whose reconciliation failed: until its
+	// backoff ends a client's retry is answered as in progress
+	// (InProgressError, its RetryAfter the backoff's end) and counts no
+	// attempt. Defaults to 1s.
 	AttemptBackoff time.Duration
 
 	// MaxAttemptBackoff caps AttemptBackoff's growth. Defaults to 1h.

@@ -202,7 +202,9 @@ func TestNotHappenedIsCalledOnce(t *testing.T) {
 }
 
 // While reconciliation cannot tell, retries answer "unknown" (409 over
-// HTTP) and send nothing; afterwards the request finishes with one payout.
+// HTTP) and send nothing, and a retry before the reconciliation's backoff
+// ends is answered "in progress", trying nothing; afterwards the request
+// finishes with one payout.
 func TestReconcileFailingForAWhileSendsNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t, syncBankConfig())
@@ -212,11 +214,18 @@ func TestReconcileFailingForAWhileSendsNothing(t *testing.T) {
 	_, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
 	require.ErrorIs(t, err, atomicphase.ErrOutcomeUnknown)
 	bk.lookupDown.Store(3)
-	for range 3 {
+	for i := range 3 {
+		if i > 0 {
+			_, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+			require.ErrorIs(t, err, atomicphase.ErrInProgress, "the reconciliation backs off")
+			shiftTimes(t, b, time.Hour, false)
+		}
 		_, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
 		require.ErrorIs(t, err, atomicphase.ErrOutcomeUnknown)
 	}
+	require.EqualValues(t, 3, bk.lookups.Load(), "one lookup per reconciliation")
 	require.EqualValues(t, 1, bk.calls.Load(), "no call while the outcome was unknown")
+	shiftTimes(t, b, time.Hour, false)
 	resp, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
 	require.NoError(t, err)
 	_, ids := bk.only(t)

@@ -182,3 +182,58 @@ func TestUnparkRefusesAKeyThatIsNotParked(t *testing.T) {
 	require.ErrorIs(t, b.runner.Unpark(b.ctx, "u", "never"), atomicphase.ErrKeyNotFound)
 	require.ErrorIs(t, b.runner.MakeDue(b.ctx, "u", "never"), atomicphase.ErrKeyNotFound)
 }
+
+// A client that retries while a key's reconciliation backs off (the
+// downstream's lookup is down) is answered at once, told when to come
+// back, and counts nothing: attempts count the library's tries, not the
+// client's patience, so an outage of the lookup parks nothing by client
+// retries alone. Once the backoff ends, a retry reconciles.
+func TestARetryDuringAReconcileBackoffCountsNothing(t *testing.T) {
+	t.Parallel()
+	var noBug atomic.Bool
+	for name, wf := range map[string]func(*bank) *atomicphase.Workflow[payout]{
+		"recorded with its first unit": payoutWorkflow,
+		"acquired on its own":          func(bk *bank) *atomicphase.Workflow[payout] { return payoutWorkflowReconciling(bk, &noBug) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			retryDuringAReconcileBackoff(t, wf)
+		})
+	}
+}
+
+func retryDuringAReconcileBackoff(t *testing.T, workflow func(*bank) *atomicphase.Workflow[payout]) {
+	b := setup(t, &atomicphase.Config{CallGrace: time.Nanosecond, AttemptBackoff: time.Hour, MaxAttempts: 3})
+	bk := newBank()
+	bk.fail = []string{"act-then-lose"}
+	wf := workflow(bk)
+	_, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+	require.ErrorIs(t, err, atomicphase.ErrOutcomeUnknown)
+	// The first retry reconciles at once, but the lookup is down.
+	bk.lookupDown.Store(1)
+	_, err = b.runner.Run(b.ctx, wf, payoutRequest("k"))
+	require.ErrorIs(t, err, atomicphase.ErrOutcomeUnknown)
+	before, err := b.runner.Inspect(b.ctx, "driver_1", "k")
+	require.NoError(t, err)
+	require.Equal(t, 2, before.Attempts)
+	lookups := bk.lookups.Load()
+
+	for range 10 {
+		_, err = b.runner.Run(b.ctx, wf, payoutRequest("k"))
+		var inProgress *atomicphase.InProgressError
+		require.ErrorAs(t, err, &inProgress, "answered at once while the reconciliation backs off")
+		require.InDelta(t, time.Until(*before.NextAttemptAt).Seconds(), inProgress.RetryAfter.Seconds(), 5,
+			"told to come back when the backoff ends")
+	}
+	after, err := b.runner.Inspect(b.ctx, "driver_1", "k")
+	require.NoError(t, err)
+	require.Equal(t, before.Attempts, after.Attempts, "the client's retries counted no attempt")
+	require.Equal(t, atomicphase.KeyUnknown, after.Status, "nothing parked it")
+	require.Equal(t, lookups, bk.lookups.Load(), "and asked the downstream nothing")
+
+	shiftTimes(t, b, 2*time.Hour, false) // the backoff is over
+	resp, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+	require.NoError(t, err)
+	require.Equal(t, 201, resp.Status)
+	require.EqualValues(t, 1, bk.calls.Load(), "reconciled, never paid again")
+}

@@ -37,7 +37,17 @@ WHERE response_status IS NULL AND parked_at IS NULL AND next_attempt_at IS NULL;
 INSERT INTO /* TEMPLATE: schema */atomicphase_sweep_watermark (name, created_before)
 VALUES ('abandoned', now() - interval '5 minutes');
 
--- atomicphase_acquire as in migration 013, marking the key it takes over.
+-- atomicphase_acquire as in migration 013, marking the key it takes over,
+-- and holding a key whose reconciliation is backing off: one whose
+-- foreign call's outcome is unknown (unknown_at), that an attempt has
+-- tried to reconcile since (updated_at after unknown_at) and that rests
+-- until next_attempt_at, is held until then, as a live attempt's is: a
+-- client's retry is refused (and told when to come back), and counts no
+-- attempt. Attempts count the library's tries, not a client's patience.
+-- A refusal of a key no live lease holds (only such a backoff, or a
+-- foreign call's quiet period) sets took_over, which means nothing else on
+-- a refusal (a previous release reads it only when it acquired): nothing
+-- changes before lock_expires_in, which is when to retry.
 CREATE OR REPLACE FUNCTION /* TEMPLATE: schema */atomicphase_acquire(
     p_scope text, p_key text, p_workflow text, p_fingerprint bytea,
     p_method text, p_path text, p_state bytea, p_lock_timeout_us bigint,
@@ -53,6 +63,8 @@ DECLARE
     held_since timestamptz;
     v_until    timestamptz;
     v_expires  timestamptz;
+    v_backoff  timestamptz;
+    v_lease    bigint;
 BEGIN
     acquired := false;
     took_over := false;
@@ -62,14 +74,26 @@ BEGIN
         SELECT k.workflow, k.fingerprint, k.recovery_point, k.next_phase, k.lock_token,
                k.locked_at, /* TEMPLATE: schema */atomicphase_held_until(k.locked_at, k.lease_us, k.call_until, p_lock_timeout_us),
                /* TEMPLATE: schema */atomicphase_lock_expires(k.locked_at, k.lease_us, k.call_until, p_lock_timeout_us, v_now),
-               k.attempts, k.response_status, k.response_header, k.response_body
+               k.attempts, k.response_status, k.response_header, k.response_body,
+               CASE WHEN k.unknown_at IS NOT NULL AND k.locked_at IS NULL AND k.updated_at > k.unknown_at
+                    THEN k.next_attempt_at END,
+               coalesce(k.lease_us, p_lock_timeout_us)
         INTO workflow, fingerprint, recovery_point, next_phase, lock_token,
-             held_since, v_until, v_expires, attempts, response_status, response_header, response_body
+             held_since, v_until, v_expires, attempts, response_status, response_header, response_body,
+             v_backoff, v_lease
         FROM /* TEMPLATE: schema */idempotency_keys k
         WHERE k.scope = p_scope AND k.idempotency_key = p_key;
+        IF FOUND AND v_backoff > v_now AND v_backoff > coalesce(v_until, '-infinity') THEN
+            -- Held by its reconciliation's backoff (above).
+            v_until := v_backoff;
+            v_expires := v_backoff;
+        END IF;
         IF FOUND AND (response_status IS NOT NULL OR workflow <> p_workflow
                       OR fingerprint <> p_fingerprint OR v_until >= v_now) THEN
             lock_expires_in := extract(epoch FROM v_expires - v_now)::float8;
+            -- No live lease holds it (above).
+            took_over := response_status IS NULL AND v_until >= v_now
+                         AND NOT coalesce(v_now - held_since <= v_lease * interval '1 microsecond', false);
             RETURN;
         END IF;
         took_over := FOUND AND held_since IS NOT NULL;
@@ -104,6 +128,8 @@ BEGIN
               AND k.fingerprint = p_fingerprint
               AND (k.locked_at IS NULL OR v_now - k.locked_at > coalesce(k.lease_us, p_lock_timeout_us) * interval '1 microsecond')
               AND (k.call_until IS NULL OR k.call_until < v_now)
+              AND NOT (k.unknown_at IS NOT NULL AND k.locked_at IS NULL AND k.updated_at > k.unknown_at
+                       AND k.next_attempt_at IS NOT NULL AND k.next_attempt_at > v_now)
         RETURNING k.workflow, k.fingerprint, k.recovery_point, k.next_phase, k.state,
                   k.lock_token, k.downstream_salt, k.attempts
         INTO workflow, fingerprint, recovery_point, next_phase, state,

@@ -38,8 +38,9 @@ type Row struct {
 	OverLimit      bool     // a new key refused: its scope has too many unfinished keys
 	Parked         bool     // a parked key refused: a client's retry does not run it again
 	// Unheld is set when no live lease holds the key, only a foreign
-	// call's mark (its quiet period): nobody will finish it before
-	// LockExpiresIn, so a retry is pointless before then. Peek sets it.
+	// call's mark (its quiet period) or its reconciliation's backoff:
+	// nobody will finish it before LockExpiresIn, so a retry is pointless
+	// before then. Peek and Acquire set it.
 	Unheld         bool
 	ResponseStatus *int
 	ResponseHeader []byte // JSON text, decoded only for a replay
@@ -152,6 +153,11 @@ func (s *Store) Acquire(ctx context.Context, db DB, req *Request) (*Row, error) 
 		&row.ResponseStatus, &row.ResponseHeader, &row.ResponseBody, &row.Parked, &row.WorkflowVersion)
 	if err != nil {
 		return nil, err
+	}
+	if !row.Acquired {
+		// On a refusal, took_over says no live lease holds the key
+		// (atomicphase_acquire, migration 016).
+		row.Unheld, row.TookOver = row.TookOver, false
 	}
 	return &row, nil
 }

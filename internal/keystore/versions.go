@@ -174,7 +174,7 @@ const versionsSQL = `
 WITH keys AS (
     SELECT workflow, coalesce(workflow_version, '') AS version, count(*)::int AS unfinished,
            (count(*) FILTER (WHERE parked_at IS NOT NULL))::int AS parked,
-           (count(*) FILTER (WHERE unknown_at IS NOT NULL))::int AS unknown,
+           (count(*) FILTER (WHERE unknown_at IS NOT NULL AND parked_at IS NULL AND locked_at IS NULL))::int AS unknown,
            min(created_at) AS oldest
     FROM ` + unfinishedKeys + ` AS u
     GROUP BY 1, 2)
