@@ -46,22 +46,30 @@ func TestPayoutWhoseAnswerWasLost(t *testing.T) {
 
 // TestPayoutLookupDown: the bank pays and drops the connection, and its
 // lookup is down for a while. Every retry meanwhile gets 409 and sends no
-// payout; once the lookup answers, the request finishes with the one
+// payout: the first reconciles and cannot tell, and those that come before
+// the reconciliation's backoff ends are told when to come back, asking the
+// bank nothing. Once the lookup answers, the request finishes with the one
 // payout.
 func TestPayoutLookupDown(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	srv := w.start(t, "SWEEP_INTERVAL=0")
 	w.bank.FailNext(fakebank.ActThenDrop)
-	w.bank.LookupDownFor(4)
+	w.bank.LookupDownFor(2)
 	r, err := post(srv.url, "user@example.com", "dark", rideBody)
 	requireUnknown(t, r, err)
-	for range 4 {
+	r, err = post(srv.url, "user@example.com", "dark", rideBody)
+	requireUnknown(t, r, err)
+	for range 3 {
 		r, err := post(srv.url, "user@example.com", "dark", rideBody)
-		requireUnknown(t, r, err)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusConflict, r.status, "%s", r.body)
+		require.Contains(t, string(r.body), "in-progress", "the reconciliation backs off")
+		secs, _ := strconv.Atoi(r.header.Get("Retry-After"))
+		require.Positive(t, secs)
 	}
 	require.Equal(t, 1, w.bank.Calls(), "no payout sent while its outcome was unknown")
-	require.Equal(t, 4, w.bank.Lookups())
+	require.Equal(t, 1, w.bank.Lookups(), "retries during the backoff ask the bank nothing")
 	ride := decodeBooked(t, retryUntilFinal(t, srv.url, "user@example.com", "dark", rideBody))
 	w.requireOnePayout(t, ride)
 	require.Equal(t, 1, w.bank.Calls())

@@ -417,10 +417,11 @@ type Execer interface {
 const ageLocksSQL = `UPDATE /* TEMPLATE: schema */idempotency_keys
 		SET locked_at = (locked_at AT TIME ZONE 'UTC' - $1::bigint * interval '1 microsecond') AT TIME ZONE 'UTC',
 		    call_until = NULL,
-		    next_attempt_at = CASE WHEN response_status IS NULL AND parked_at IS NULL
+		    next_attempt_at = CASE WHEN response_status IS NULL AND parked_at IS NULL AND unknown_at IS NOT NULL THEN created_at
+		                           WHEN response_status IS NULL AND parked_at IS NULL
 		                           THEN coalesce(next_attempt_at, created_at) ELSE next_attempt_at END
 		WHERE locked_at IS NOT NULL OR call_until IS NOT NULL
-		   OR (response_status IS NULL AND parked_at IS NULL AND next_attempt_at IS NULL)`
+		   OR (response_status IS NULL AND parked_at IS NULL AND (next_attempt_at IS NULL OR unknown_at IS NOT NULL))`
 
 // ageBackoffsSQL makes every unfinished key due for the sweep now: the
 // backoff a failed attempt set has passed (a due key's next_attempt_at is
@@ -439,9 +440,10 @@ func AgeBackoffs(ctx context.Context, db Execer, schema string) error {
 }
 
 // AgeLocks moves every held lock in schema's key table back by d, and ends
-// every foreign call's quiet period (call_until): the passage of time after
-// a crash, the lease and the grace after a call included, without the
-// wait, for tests
+// every foreign call's quiet period (call_until) and every reconciliation's
+// backoff (a key whose outcome is unknown is made due): the passage of time
+// after a crash, the lease and the grace after a call included, and a
+// client's wait for its Retry-After, without the wait, for tests
 // (atomicphasetest.AgeLocks).
 func AgeLocks(ctx context.Context, db Execer, schema string, d time.Duration) error {
 	_, err := db.Exec(ctx, Render(ageLocksSQL, schema), d.Microseconds())

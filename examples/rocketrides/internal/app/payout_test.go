@@ -11,6 +11,7 @@ import (
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/aphttp"
+	"github.com/atomicphase/atomicphase/atomicphasetest"
 	"github.com/atomicphase/atomicphase/examples/rocketrides/internal/fakebank"
 	"github.com/atomicphase/atomicphase/faultinject"
 )
@@ -95,16 +96,24 @@ func TestPayoutNotMadeIsMadeAfterTheLookup(t *testing.T) {
 }
 
 // TestPayoutLookupDownSendsNothing: while the lookup fails, every retry
-// gets 409 outcome-unknown and the bank receives no payout call; once the
-// lookup answers, the request finishes with the one payout.
+// gets 409 and the bank receives no payout call: a retry that reconciles
+// gets outcome-unknown, and one that comes before the reconciliation's
+// backoff ends gets in-progress, asking the bank nothing (its client then
+// waits out the Retry-After: AgeLocks, here). Once the lookup answers, the
+// request finishes with the one payout.
 func TestPayoutLookupDownSendsNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	b.bank.FailNext(fakebank.ActThenDrop)
 	requireUnknown(t, b.post(t, "user@example.com", "k", rideBody))
 	b.bank.LookupDownFor(3)
-	for range 3 {
+	for i := range 3 {
 		requireUnknown(t, b.post(t, "user@example.com", "k", rideBody))
+		held := b.post(t, "user@example.com", "k", rideBody)
+		requireProblem(t, held, http.StatusConflict)
+		require.Contains(t, string(held.body), aphttp.ProblemInProgress)
+		require.Equal(t, i+1, b.bank.Lookups(), "a retry during the backoff asks the bank nothing")
+		require.NoError(t, atomicphasetest.AgeLocks(context.Background(), b.db.Pool, time.Minute))
 	}
 	require.Equal(t, 1, b.bank.Calls(), "no payout call while the outcome was unknown")
 	require.Equal(t, 3, b.bank.Lookups())
