@@ -89,10 +89,10 @@ type phaseResult struct {
 // run runs the workflow's phases from the row's recovery point until one
 // responds or fails.
 func (a *attempt) run(ctx context.Context, row *keystore.Row) (resp *Response, err error) {
+	defer a.parkOnPanic(ctx)
 	if row.RecoveryPoint != RecoveryPointStarted {
 		a.log(ctx, slog.LevelInfo, "atomicphase: resuming key", "recovery_point", row.RecoveryPoint, "attempt", a.attempts)
 	}
-	defer a.parkOnPanic(ctx)
 	if err := a.fault(ctx, "", AfterAcquire, nil); err != nil {
 		return nil, a.fail(ctx, "", err)
 	}

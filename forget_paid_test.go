@@ -3,8 +3,12 @@ package atomicphase_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
+	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/atomicphase/atomicphase"
@@ -83,4 +87,69 @@ func jsonField(t *testing.T, raw []byte, field string) json.RawMessage {
 	var m map[string]json.RawMessage
 	require.NoError(t, json.Unmarshal(raw, &m))
 	return m[field]
+}
+
+// forgetRaceTracer runs hook once, before the first statement whose text
+// contains match.
+type forgetRaceTracer struct {
+	match string
+	once  sync.Once
+	hook  func()
+}
+
+func (f *forgetRaceTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, f.match) {
+		f.once.Do(f.hook)
+	}
+	return ctx
+}
+
+func (f *forgetRaceTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// A key that finishes between Forget's read of it (unfinished: it cannot
+// be forgotten, and has not paid yet) and its delete is not deleted: the
+// delete takes a finished key only when the read found it finished and
+// unpaid.
+func TestAKeyThatFinishesWhileForgetLooksIsNotForgotten(t *testing.T) {
+	t.Parallel()
+	b := setup(t, syncBankConfig())
+	bk := newBank()
+	inFinish, release := make(chan struct{}), make(chan struct{})
+	type st struct{}
+	wf := atomicphase.MustWorkflow("pays", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Foreign("pay", func(ctx context.Context, call *atomicphase.ForeignCall, _ *st) error {
+			_, err := bk.pay(ctx, call.Key())
+			return err
+		}, nil),
+		atomicphase.Local("finish", func(context.Context, atomicphase.Tx, *st) (atomicphase.Outcome, error) {
+			close(inFinish)
+			<-release
+			return atomicphase.Respond(201, nil), nil
+		}),
+	}, nil)
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.runner.Run(context.Background(), wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"})
+		done <- err
+	}()
+	<-inFinish
+
+	tracer := &forgetRaceTracer{match: "lock_token, unknown_at, call_until", hook: func() {
+		close(release)
+		require.NoError(t, <-done, "the request finished")
+	}}
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	operator, err := atomicphase.NewRunner(pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, operator.Register(wf))
+
+	require.ErrorIs(t, operator.Forget(b.ctx, "u", "k"), atomicphase.ErrKeyPaid)
+	info, err := b.runner.Inspect(b.ctx, "u", "k")
+	require.NoError(t, err, "the key that paid is still there")
+	require.Equal(t, atomicphase.KeyFinished, info.Status)
 }

@@ -66,6 +66,12 @@ type KeyInfo struct {
 	// (CalledAt). Forget refuses such a key (ErrOutcomeUnsettled), and the
 	// sweep does not reap it.
 	Unsettled bool
+	// ParkedForGood is set on a parked key that a permanent failure parked
+	// (a bug in its code, a panic: LastError says which), not its
+	// attempts running out: a client's retry is refused (ErrParked), and a
+	// verdict (RecordResolution) or a webhook's resolution leaves it
+	// parked until an operator unparks it.
+	ParkedForGood bool
 	// Paid is set on a finished key that may have made a foreign call: its
 	// workflow version, as this Runner registered it, has a foreign phase,
 	// or this Runner has not registered that version and cannot tell (an
@@ -193,7 +199,7 @@ func keyInfo(in *keystore.Info) *KeyInfo {
 		Status: KeyStatus(in.Status), Locked: in.Locked, LockExpiresIn: in.LockExpiresIn, LockToken: in.LockToken,
 		State: in.State, Attempts: in.Attempts, LastError: in.LastError, NextAttemptAt: in.NextAttemptAt,
 		UnknownAt: in.UnknownAt, ResolvedHappened: in.ResolvedHappened, ResolvedNote: in.ResolvedNote,
-		ResolvedAt: in.ResolvedAt, ResolvedResult: in.ResolvedResult, ParkedAt: in.ParkedAt,
+		ResolvedAt: in.ResolvedAt, ResolvedResult: in.ResolvedResult, ParkedAt: in.ParkedAt, ParkedForGood: in.ParkedForGood,
 		Unsettled: in.Unsettled, CallUntil: in.CallUntil, CalledAt: in.CalledAt, DownstreamSalt: in.DownstreamSalt,
 		CreatedAt: in.CreatedAt, UpdatedAt: in.UpdatedAt, FinishedAt: in.FinishedAt,
 	}

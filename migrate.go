@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -60,6 +61,20 @@ type MigrateOpts struct {
 	// migrations, it needs db to be a *pgxpool.Pool or a *pgx.Conn.
 	// Defaults to false; false never drops an index built before.
 	ScopeCap bool
+
+	// AllowPublicCreate lets Migrate apply the migrations to a database
+	// where every role may create objects in the key table's schema or in
+	// a schema on the connection's search_path (schema public, on
+	// PostgreSQL 14 and earlier). Such a role can define a function or an
+	// operator that a statement of the library's calls in place of the
+	// built-in one it means, and run its own code as whoever sends that
+	// statement: the migrating role, an operator, the role that runs
+	// requests (docs/security-and-limits.md, "Database roles"). Migrate
+	// refuses without it (ErrSchemaOpen); CheckSchema refuses such a
+	// database too. Set it only for a database no untrusted role can
+	// connect to. Defaults to false: revoke CREATE from PUBLIC instead
+	// (REVOKE CREATE ON SCHEMA public FROM PUBLIC).
+	AllowPublicCreate bool
 
 	// TargetVersion, when positive, stops after that migration: the ones
 	// after it are left for a later run. For an upgrade that needs no stop
@@ -151,6 +166,13 @@ func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error)
 	if opts != nil && opts.Citus {
 		if err := checkCitus(ctx, db); err != nil {
 			return nil, err
+		}
+	}
+	if opts == nil || !opts.AllowPublicCreate {
+		if q, ok := db.(keystore.DB); ok {
+			if err := checkSchemasClosed(ctx, q, opts.schema(), "MigrateOpts.AllowPublicCreate, for a database no untrusted role connects to"); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if opts != nil && opts.TargetVersion != 0 {
@@ -431,9 +453,12 @@ func dollarTag(s string) string {
 // names what is missing and says to run Migrate, an error wrapping
 // ErrExecModeUnsafe that says which exec mode to use when a pooler
 // (PgBouncer in transaction pooling mode) stands in front of the server and
-// the pool's mode keeps prepared statements between transactions, and a
-// store error when the database cannot be asked. It reads the catalog and
-// writes nothing.
+// the pool's mode keeps prepared statements between transactions, last an
+// error wrapping
+// ErrSchemaOpen when every role may create objects in the key table's
+// schema or on the pool's search_path (which a caller that migrated with
+// MigrateOpts.AllowPublicCreate may accept), and a store error when the
+// database cannot be asked. It reads the catalog and writes nothing.
 func (r *Runner) CheckSchema(ctx context.Context) error {
 	missing, err := r.store.Missing(ctx, r.pool)
 	if err != nil {
@@ -454,7 +479,71 @@ func (r *Runner) CheckSchema(ctx context.Context) error {
 				ErrSchemaMissing, keystore.ScopeCapIndex, schemaHint(r.cfg.Schema))
 		}
 	}
-	return r.checkExecMode(ctx)
+	if err := r.checkExecMode(ctx); err != nil {
+		return err
+	}
+	// Last, so that a caller who knows no untrusted role connects (and
+	// migrated with MigrateOpts.AllowPublicCreate) may accept it.
+	return checkSchemasClosed(ctx, r.pool, r.cfg.Schema, "MigrateOpts.AllowPublicCreate and accept this error, for a database no untrusted role connects to")
+}
+
+// ErrSchemaOpen is wrapped by the error of Migrate and CheckSchema for a
+// database where every role may create objects in the key table's schema
+// or in a schema on the connection's search_path (MigrateOpts.AllowPublicCreate).
+var ErrSchemaOpen = errors.New("atomicphase: every role may create objects where the library's statements look for them")
+
+// plainIdentifier matches a name SQL takes without quotes.
+var plainIdentifier = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// checkSchemasClosed returns an error wrapping ErrSchemaOpen, naming the
+// schemas and the fix (and optOut, the setting that allows it), when every
+// role may create objects in schema or on db's search_path.
+func checkSchemasClosed(ctx context.Context, db keystore.DB, schema, optOut string) error {
+	open, err := keystore.OpenSchemas(ctx, db, schema)
+	if err != nil {
+		return storeError("check who may create objects in the schema", err)
+	}
+	if len(open) == 0 {
+		return nil
+	}
+	var revokes []string
+	for _, s := range open {
+		name := s
+		if !plainIdentifier.MatchString(s) {
+			name = pgx.Identifier{s}.Sanitize()
+		}
+		revokes = append(revokes, "REVOKE CREATE ON SCHEMA "+name+" FROM PUBLIC")
+	}
+	return fmt.Errorf("%w: schema %s (PostgreSQL 14 and earlier grant it on public): any role could then define a function or "+
+		"an operator that the library's statements call in place of the built-in one, and run its code as the role that sends them; "+
+		"run %s (or set %s)",
+		ErrSchemaOpen, strings.Join(open, ", "), strings.Join(revokes, "; "), optOut)
+}
+
+// ErrGrantsMissing is wrapped by CheckGrants' error for a role that lacks
+// a privilege a Runner needs on the library's tables.
+var ErrGrantsMissing = errors.New("atomicphase: the role lacks privileges the Runner needs")
+
+// CheckGrants reports whether the role the Runner's pool connects as has
+// every privilege requests, the sweep, the reapers and the operators'
+// actions need on the library's tables (docs/security-and-limits.md,
+// "Database roles"): nil when it has, an error wrapping ErrGrantsMissing
+// that names each one missing, and a store error when the database cannot
+// be asked. Call it at start-up with CheckSchema, in a process that runs
+// requests: a role without them fails a request only when something goes
+// wrong (a failed attempt's history cannot be written, and its key stays
+// held until its lease ends). A read-only console's role needs none of
+// it. It reads the catalog and writes nothing.
+func (r *Runner) CheckGrants(ctx context.Context) error {
+	missing, err := keystore.MissingGrants(ctx, r.pool, r.cfg.Schema)
+	if err != nil {
+		return storeError("check grants", err)
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: %s; grant them as docs/security-and-limits.md (\"Database roles\") gives the runtime role's",
+			ErrGrantsMissing, strings.Join(missing, ", "))
+	}
+	return nil
 }
 
 func schemaHint(schema string) string {

@@ -160,8 +160,10 @@ func (f ObserverFunc) StartSpan(ctx context.Context, _ Span) (context.Context, f
 // withheld. A hook thus never strands a connection or a key; its bug is
 // reported, not hidden.
 
-// hookPanicked reports a panic recovered from hook.
+// hookPanicked reports a panic recovered from hook. A Logger that panics
+// too is the last hook: its panic is dropped.
 func (r *Runner) hookPanicked(ctx context.Context, hook string, p any) {
+	defer func() { _ = recover() }()
 	l := r.cfg.Logger
 	if l == nil {
 		l = slog.Default()
@@ -252,6 +254,11 @@ func (r *Runner) logKey(ctx context.Context, level slog.Level, msg, workflow, sc
 			}
 		}
 	}
+	defer func() {
+		if p := recover(); p != nil {
+			r.hookPanicked(ctx, "Config.Logger", p)
+		}
+	}()
 	r.cfg.Logger.Log(ctx, level, msg, append([]any{"workflow", workflow, "scope", scope, "key", key}, args...)...)
 }
 

@@ -158,7 +158,9 @@ func (r *Runner) Forget(ctx context.Context, scope, key string) error {
 		// A key read finished stays so: no write takes a finished key.
 		return ErrKeyPaid
 	}
-	return r.forget(ctx, scope, key, false)
+	// A key read unfinished that finishes before the delete is left, to be
+	// judged as it then is: it may have paid.
+	return r.forget(ctx, scope, key, false, info.Response != nil)
 }
 
 // ForgetForced is Forget for a key that Forget refuses with
@@ -189,12 +191,13 @@ func (r *Runner) ForgetForced(ctx context.Context, scope, key, actor, reason str
 	if err := r.RecordAudit(ctx, &AuditEntry{Scope: scope, Key: key, Actor: actor, Action: "forget", Note: reason, Detail: detail}); err != nil {
 		return err
 	}
-	return r.forget(ctx, scope, key, true)
+	return r.forget(ctx, scope, key, true, true)
 }
 
-// forget deletes the key, unsettled too when force is set.
-func (r *Runner) forget(ctx context.Context, scope, key string, force bool) error {
-	gone, err := r.store.Forget(ctx, r.poolFor(scope), scope, key, force)
+// forget deletes the key, unsettled too when force is set, and finished
+// only when finished is set.
+func (r *Runner) forget(ctx context.Context, scope, key string, force, finished bool) error {
+	gone, err := r.store.Forget(ctx, r.poolFor(scope), scope, key, force, finished)
 	switch {
 	case err != nil:
 		return storeError("forget key", err)
@@ -207,6 +210,11 @@ func (r *Runner) forget(ctx context.Context, scope, key string, force bool) erro
 		return ierr
 	case (info.Status == KeyFinished || info.Status == KeyParked) && info.Unsettled:
 		return ErrOutcomeUnsettled
+	case info.Paid && !force:
+		return ErrKeyPaid
+	case info.Response != nil && !force:
+		// Finished since it was read: asked again, it may go.
+		return r.Forget(ctx, scope, key)
 	}
 	return ErrKeyUnfinished
 }

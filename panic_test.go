@@ -127,7 +127,7 @@ func TestAPanicAnywhereKeepsNothing(t *testing.T) {
 	var failCall atomic.Bool
 	workflows := panicWorkflows(armed, &failCall)
 	points := []string{"start", "input", "local", "call", "record", "respond", "reconcile",
-		"observe", "observe reserve.created", "observe phase.committed", "span", "span end", "redact key", "redact error"}
+		"observe", "observe reserve.created", "observe phase.committed", "span", "span end", "redact key", "redact error", "log"}
 	goroutines := libraryGoroutines()
 	n := 0
 	for way, wf := range workflows {
@@ -154,7 +154,7 @@ func TestAPanicAnywhereKeepsNothing(t *testing.T) {
 						armed.hit("redact error")
 						return msg
 					},
-					Logger:      slog.New(slog.DiscardHandler),
+					Logger:      slog.New(panicHandler{armed}),
 					LockTimeout: 10 * time.Second,
 				})
 				require.NoError(t, err)
@@ -177,12 +177,12 @@ func panicKeepsNothing(t *testing.T, runner *atomicphase.Runner, pool *pgxpool.P
 	key, point string, armed *armedAt, failCall *atomic.Bool) {
 	t.Helper()
 	req := atomicphase.Request{Scope: "u", Key: key, Method: "POST", Path: "/panic", Params: []byte(`{"n": 1}`)}
-	if point == "reconcile" || point == "redact error" {
+	if point == "reconcile" || point == "redact error" || point == "log" {
 		// Reached after a failed call: the call fails once (its error
 		// redacted), and the retry reconciles.
 		failCall.Store(true)
-		if point == "redact error" {
-			armed.Store(point)
+		if point == "redact error" || point == "log" {
+			armed.Store(point) // the failed call's error is logged too
 		}
 		_, _, _ = runSafely(runner, wf, req)
 		failCall.Store(false)
@@ -190,7 +190,7 @@ func panicKeepsNothing(t *testing.T, runner *atomicphase.Runner, pool *pgxpool.P
 	armed.Store(point)
 	_, _, panicked := runSafely(runner, wf, req)
 	armed.Store("")
-	if hook := point == "redact error" || point == "redact key" || strings.HasPrefix(point, "observe") || strings.HasPrefix(point, "span"); hook {
+	if hook := point == "redact error" || point == "redact key" || point == "log" || strings.HasPrefix(point, "observe") || strings.HasPrefix(point, "span"); hook {
 		require.False(t, panicked, "a hook's panic failed the request")
 	} else {
 		require.True(t, panicked, "the request did not panic")
@@ -223,6 +223,58 @@ func libraryGoroutines() int {
 func goroutineDump() string {
 	buf := make([]byte, 1<<20)
 	return string(buf[:runtime.Stack(buf, true)])
+}
+
+// panicHandler is a slog handler that panics when armed at "log".
+type panicHandler struct{ armed *armedAt }
+
+func (h panicHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h panicHandler) Handle(context.Context, slog.Record) error {
+	h.armed.hit("log")
+	return nil
+}
+func (h panicHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h panicHandler) WithGroup(string) slog.Handler      { return h }
+
+// A start function that ends its goroutine (runtime.Goexit, as t.FailNow
+// does) keeps no connection either.
+func TestAStartFunctionThatEndsItsGoroutineKeepsNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	runner, err := atomicphase.NewRunner(pool, nil)
+	require.NoError(t, err)
+	type st struct{}
+	var exit atomic.Bool
+	exit.Store(true)
+	wf := atomicphase.MustWorkflow("exits", func(struct{}, *atomicphase.Request) (st, error) {
+		if exit.Load() {
+			runtime.Goexit()
+		}
+		return st{}, nil
+	}, []atomicphase.Phase[st]{
+		atomicphase.Local("only", func(context.Context, atomicphase.Tx, *st) (atomicphase.Outcome, error) {
+			return atomicphase.Respond(200, nil), nil
+		}),
+	}, nil)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"})
+	}()
+	<-done
+	require.Zero(t, pool.Stat().AcquiredConns(), "a pooled connection is kept")
+	exit.Store(false)
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	resp, err := runner.Run(ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/"})
+	require.NoError(t, err)
+	require.Equal(t, 200, resp.Status)
 }
 
 // runSafely runs req, reporting a panic instead of letting it go on.

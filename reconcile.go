@@ -111,13 +111,24 @@ var ErrNotUnknown = errors.New("atomicphase: key is not waiting to reconcile a c
 // ErrInProgress, and of a webhook and a sweep reconciling at once exactly
 // one resolution is applied. It returns ErrNotUnknown, and changes nothing,
 // when the key is not waiting at a phase of wf with a reconcile function;
-// a finished key returns its stored response.
+// a finished key returns its stored response. A key parked for good
+// (KeyInfo.ParkedForGood: a bug parked it) is not resumed: ErrParked,
+// changing nothing; record the outcome with RecordResolution, which keeps
+// it until an operator unparks the key once the bug is fixed.
 func ResolveUnknown[S any](ctx context.Context, r *Runner, wf *Workflow[S], scope, key string, resolve func(state *S) (happened bool, err error)) (*Response, error) {
 	if wf == nil || resolve == nil {
 		return nil, errors.New("atomicphase: ResolveUnknown needs a workflow and a resolve function")
 	}
 	if err := r.register(wf); err != nil {
 		return nil, err
+	}
+	switch info, err := r.Inspect(ctx, scope, key); {
+	case err != nil && !errors.Is(err, ErrKeyNotFound):
+		return nil, err
+	case err == nil && info.ParkedForGood:
+		// Parked by a bug, which a resolution does not fix (a key
+		// unparked meanwhile is an operator's to resume).
+		return nil, ErrParked
 	}
 	return r.resume(ctx, scope, key, resumeOpts{workflow: wf.Name(), resolve: func(raw []byte) (bool, []byte, error) {
 		var s S

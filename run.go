@@ -222,12 +222,20 @@ func (r *Runner) runRefusedStart(ctx context.Context, wf AnyWorkflow, req *Reque
 // panic of the start function (or of the input's decoding) releases pc and
 // is returned as p, for the caller to answer or let go on.
 func (r *Runner) initialStateOn(ctx context.Context, wf AnyWorkflow, req *Request, pc *pgxpool.Conn) (state []byte, err error, p any) {
+	returned := false
 	defer func() {
-		if p = recover(); p != nil && pc != nil {
+		if returned {
+			return
+		}
+		// A panic, or runtime.Goexit (whose recover is nil): the start
+		// function did not return.
+		p = recover()
+		if pc != nil {
 			pc.Release()
 		}
 	}()
 	state, err = r.initialState(ctx, wf, req)
+	returned = true
 	return state, err, nil
 }
 

@@ -237,3 +237,36 @@ func retryDuringAReconcileBackoff(t *testing.T, workflow func(*bank) *atomicphas
 	require.Equal(t, 201, resp.Status)
 	require.EqualValues(t, 1, bk.calls.Load(), "reconciled, never paid again")
 }
+
+// A webhook's resolution (ResolveUnknown) does not resume a key parked
+// for good either: it is refused, changing nothing, and the webhook
+// records its verdict instead, kept for when an operator unparks the key.
+func TestAWebhooksResolutionLeavesAKeyParkedForABugParked(t *testing.T) {
+	t.Parallel()
+	b := setup(t, syncBankConfig())
+	bk := newBank()
+	bk.fail = []string{"act-then-lose"}
+	var bug atomic.Bool
+	wf := payoutWorkflowReconciling(bk, &bug)
+	_, err := b.runner.Run(b.ctx, wf, payoutRequest("k"))
+	require.ErrorIs(t, err, atomicphase.ErrOutcomeUnknown)
+	bug.Store(true)
+	_, _, panicked := runSafely(b.runner, wf, payoutRequest("k"))
+	require.True(t, panicked)
+	shiftTimes(t, b, time.Hour, false) // past the call's quiet period
+	before, err := b.runner.Inspect(b.ctx, "driver_1", "k")
+	require.NoError(t, err)
+	require.True(t, before.ParkedForGood)
+
+	_, err = atomicphase.ResolveUnknown(b.ctx, b.runner, wf, "driver_1", "k", func(p *payout) (bool, error) {
+		p.PayoutID = "po_1"
+		return true, nil
+	})
+	require.ErrorIs(t, err, atomicphase.ErrParked)
+	after, err := b.runner.Inspect(b.ctx, "driver_1", "k")
+	require.NoError(t, err)
+	require.Equal(t, atomicphase.KeyParked, after.Status, "left parked")
+	require.Nil(t, after.Response)
+	require.NoError(t, b.runner.RecordResolution(b.ctx, "driver_1", "k", true, "bank webhook: po_1"))
+	require.EqualValues(t, 1, bk.calls.Load())
+}

@@ -106,6 +106,8 @@ func unsendable(req *http.Request) string {
 		return ""
 	case req.URL.Host == "":
 		return "its URL has no host"
+	case !validPort(req.URL.Port()):
+		return fmt.Sprintf("its URL's port %q is no port number", req.URL.Port())
 	case req.Method != "" && !isToken(req.Method):
 		return fmt.Sprintf("its method %q is no HTTP token", req.Method)
 	}
@@ -124,6 +126,16 @@ func unsendable(req *http.Request) string {
 		}
 	}
 	return ""
+}
+
+// validPort reports whether p, a URL's port, is none ("") or a number a
+// dial takes (1 to 65535).
+func validPort(p string) bool {
+	if p == "" {
+		return true
+	}
+	n, err := strconv.Atoi(p)
+	return err == nil && n >= 1 && n <= 65535
 }
 
 // isToken reports whether s is an HTTP token (RFC 9110, 5.6.2): the

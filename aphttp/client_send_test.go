@@ -67,6 +67,8 @@ func TestClientDoesNotRetryARequestThatCannotBeSent(t *testing.T) {
 			edit: func(r *http.Request) { r.Trailer = http.Header{"X-Sum": {"a\x00b"}} }},
 		{name: "method", attempts: 1, says: "method",
 			edit: func(r *http.Request) { r.Method = "POST /x" }},
+		{name: "port", attempts: 1, says: "port",
+			edit: func(r *http.Request) { r.URL.Host = "127.0.0.1:99999" }},
 		{name: "body shorter than its length", attempts: 1, says: "ContentLength", serverMay: true,
 			edit: func(r *http.Request) { r.ContentLength = 100 }},
 		{name: "body longer than its length", attempts: 1, says: "ContentLength", serverMay: true,

@@ -105,6 +105,12 @@ func cursorValues(v url.Values, c *atomicphase.KeyCursor) url.Values {
 	return v
 }
 
+// maxFilterReads bounds the pages of keys one request's error filter
+// reads, when the keys the database's filter matches are hidden from the
+// console (their text matches only where it is redacted): a request's cost
+// stays bounded whatever the key table holds.
+const maxFilterReads = 20
+
 // listKeys reads the page of keys f selects. The error filter matches the
 // keys whose last error contains the text both as the key table stores it
 // (the database's filter) and as the console shows it (through
@@ -126,7 +132,7 @@ func (h *Handler) listKeys(ctx context.Context, f *atomicphase.KeyPageFilter) (*
 	q.Limit = limit + 1
 	want := strings.ToLower(f.ErrorContains)
 	var keys []*atomicphase.KeyInfo
-	for {
+	for read := 0; ; read++ {
 		pg, err := rn.ListKeyPage(ctx, &q)
 		if err != nil {
 			return nil, err
@@ -137,6 +143,12 @@ func (h *Handler) listKeys(ctx context.Context, f *atomicphase.KeyPageFilter) (*
 			}
 		}
 		if len(keys) > limit || pg.Next == nil {
+			break
+		}
+		if read+1 >= maxFilterReads {
+			// Keys that match only where their text is hidden: the scan
+			// stops, as it would at the table's end (a cursor at a key not
+			// shown would say it matched), and the page ends here.
 			break
 		}
 		q.After = pg.Next

@@ -61,6 +61,23 @@ func showBody(b []byte) string {
 // specially, else in single quotes (a quote in it closed, escaped and
 // reopened), with control characters written out. A scope or a key is a
 // client's text: pasted as it is, "x; curl … | sh" would run.
+// shellArgs writes args as the operands that end a command line an
+// operator may paste, each a shellWord, after "--" when one starts with a
+// dash (which the command would otherwise read as a flag): put the flags
+// before them.
+func shellArgs(args ...string) string {
+	words := make([]string, 0, len(args)+1)
+	for _, a := range args {
+		if strings.HasPrefix(a, "-") && len(words) == 0 {
+			words = append(words, "--")
+		}
+	}
+	for _, a := range args {
+		words = append(words, shellWord(a))
+	}
+	return strings.Join(words, " ")
+}
+
 func shellWord(s string) string {
 	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.,:/@%+=") == "" {
 		return s

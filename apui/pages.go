@@ -33,6 +33,7 @@ func (h *Handler) parseTemplates() error {
 		"keyURL":         h.keyURL,
 		"escape":         escapeControl,
 		"shellWord":      shellWord,
+		"shellArgs":      shellArgs,
 		"errorLines":     errorLines,
 		"showJSON":       showJSON,
 		"showBody":       showBody,

@@ -32,7 +32,7 @@ func TestConsoleLeavesAFinishedKeyThatMayHavePaid(t *testing.T) {
 	_, page = b.get(t, "/key?scope=alice&key=finished-1")
 	require.NotContains(t, page, `id="forget"`)
 	require.Contains(t, text(page), "Not forgotten from here: the key finished after a foreign call that may have paid (this process, without the workflow's code, cannot tell that it did not)")
-	require.Contains(t, text(page), `atomicphase forget alice finished-1 --force --reason "…"`)
+	require.Contains(t, text(page), `atomicphase forget --force --reason "…" alice finished-1`)
 
 	_, list := b.get(t, "/keys?status=finished&scope=alice&list=1")
 	code, body := b.post(t, "/key", url.Values{"csrf": {csrf(t, list)}, "action": {"forget"}, "scope": {"alice"}, "key": {"finished-1"}})
@@ -68,4 +68,13 @@ func TestShellWordQuotesWhatAShellWouldRead(t *testing.T) {
 	} {
 		require.Equal(t, want, shellWord(in), "%q", in)
 	}
+}
+
+// A scope or key that starts with a dash follows "--" on a suggested
+// command line, so that the command reads it as an operand, not a flag.
+func TestShellArgsEndTheFlagsBeforeADash(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "alice k1", shellArgs("alice", "k1"))
+	require.Equal(t, "-- alice --force", shellArgs("alice", "--force"))
+	require.Equal(t, "-- -x 'a b'", shellArgs("-x", "a b"))
 }

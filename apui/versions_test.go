@@ -124,7 +124,7 @@ func TestStandaloneKeyPageShowsTheRecordedPhases(t *testing.T) {
 	require.NoError(t, err)
 	page = newRecorder(h, "/key?scope=frank&key=unknown-1")
 	require.Contains(t, text(page), "its phases are not known here")
-	require.Contains(t, page, "atomicphase inspect frank unknown-1 --phase NAME")
+	require.Contains(t, page, "atomicphase inspect --phase NAME frank unknown-1")
 	require.NotContains(t, page, b.labelRef)
 }
 

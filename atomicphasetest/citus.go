@@ -318,7 +318,8 @@ func (c *citusCluster) createDatabase(ctx context.Context, name string) error {
 			return err
 		}
 		defer conn.Close(context.WithoutCancel(ctx))
-		_, err = conn.Exec(ctx, "CREATE EXTENSION citus")
+		// As buildTemplate: no role but the owner creates in public.
+		_, err = conn.Exec(ctx, "CREATE EXTENSION citus; REVOKE CREATE ON SCHEMA public FROM PUBLIC")
 		return err
 	})
 	if err != nil {

@@ -372,6 +372,13 @@ func buildTemplate(ctx context.Context, srv *Server, admin *pgx.Conn, name strin
 	if err != nil {
 		return err
 	}
+	// As PostgreSQL 15 and later are set up: no role but the owner creates
+	// objects in public (Migrate refuses a schema every role may create
+	// in). It changes nothing on those releases.
+	if _, err := pool.Exec(ctx, "REVOKE CREATE ON SCHEMA public FROM PUBLIC"); err != nil {
+		pool.Close()
+		return err
+	}
 	if !opts.SkipMigrations {
 		_, err = atomicphase.Migrate(ctx, pool, nil)
 	}

@@ -63,11 +63,11 @@ DECLARE
     -- The tables, named without a string literal (the schema's name is
     -- any identifier): by their row types.
     v_keys    regclass := (SELECT t.typrelid FROM pg_catalog.pg_type t
-                           WHERE t.oid = pg_typeof(NULL::/* TEMPLATE: schema */idempotency_keys));
+                           WHERE t.oid OPERATOR(pg_catalog.=) pg_catalog.pg_typeof(NULL::/* TEMPLATE: schema */idempotency_keys)::pg_catalog.oid);
     v_history regclass := (SELECT t.typrelid FROM pg_catalog.pg_type t
-                           WHERE t.oid = pg_typeof(NULL::/* TEMPLATE: schema */atomicphase_key_history));
+                           WHERE t.oid OPERATOR(pg_catalog.=) pg_catalog.pg_typeof(NULL::/* TEMPLATE: schema */atomicphase_key_history)::pg_catalog.oid);
 BEGIN
-    IF EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+    IF EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'citus'::pg_catalog.name) THEN
         IF EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = v_keys) THEN
             PERFORM create_distributed_table(v_history, 'scope', colocate_with := v_keys::text);
         END IF;
@@ -144,20 +144,25 @@ $$;
 CREATE FUNCTION /* TEMPLATE: schema */atomicphase_key_table_fired(p_relation oid) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    v_keys regclass := (SELECT t.typrelid FROM pg_catalog.pg_type t
-                        WHERE t.oid = pg_typeof(NULL::/* TEMPLATE: schema */idempotency_keys));
+    v_keys oid := (SELECT t.typrelid FROM pg_catalog.pg_type t
+                   WHERE t.oid OPERATOR(pg_catalog.=) pg_catalog.pg_typeof(NULL::/* TEMPLATE: schema */idempotency_keys)::pg_catalog.oid);
     v_shard boolean := false;
 BEGIN
-    IF p_relation = v_keys THEN
+    -- Every operator named with its schema, and every comparison between
+    -- values of one type: a role that may create objects on the path
+    -- (MigrateOpts.AllowPublicCreate) finds nothing here to stand in for.
+    IF p_relation OPERATOR(pg_catalog.=) v_keys THEN
         RETURN;
     END IF;
     -- A shard of the key table, named after it with its shard id, in its
     -- schema (read apart: pg_dist_shard is there only with Citus).
-    IF EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+    IF EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'citus'::pg_catalog.name) THEN
         EXECUTE $q$SELECT EXISTS (
                 SELECT FROM pg_catalog.pg_dist_shard s, pg_catalog.pg_class k, pg_catalog.pg_class r
-                WHERE s.logicalrelid = $1 AND k.oid = $1 AND r.oid = $2
-                  AND r.relnamespace = k.relnamespace AND r.relname = k.relname || '_' || s.shardid)$q$
+                WHERE s.logicalrelid::pg_catalog.oid OPERATOR(pg_catalog.=) $1 AND k.oid OPERATOR(pg_catalog.=) $1
+                  AND r.oid OPERATOR(pg_catalog.=) $2 AND r.relnamespace OPERATOR(pg_catalog.=) k.relnamespace
+                  AND r.relname::pg_catalog.text OPERATOR(pg_catalog.=)
+                      (k.relname::pg_catalog.text OPERATOR(pg_catalog.||) '_'::pg_catalog.text OPERATOR(pg_catalog.||) s.shardid::pg_catalog.text))$q$
             INTO v_shard USING v_keys, p_relation;
     END IF;
     IF NOT v_shard THEN
@@ -296,13 +301,13 @@ $$;
 DO $$
 DECLARE
     v_schema text := (SELECT n.nspname FROM pg_catalog.pg_type t
-                      JOIN pg_catalog.pg_class c ON c.oid = t.typrelid
-                      JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-                      WHERE t.oid = pg_typeof(NULL::/* TEMPLATE: schema */idempotency_keys));
+                      JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) t.typrelid
+                      JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+                      WHERE t.oid OPERATOR(pg_catalog.=) pg_catalog.pg_typeof(NULL::/* TEMPLATE: schema */idempotency_keys)::pg_catalog.oid);
 BEGIN
-    EXECUTE format('ALTER FUNCTION %I.atomicphase_key_status() SET search_path = %I, pg_temp', v_schema, v_schema);
-    EXECUTE format('ALTER FUNCTION %I.atomicphase_key_delete() SET search_path = %I, pg_temp', v_schema, v_schema);
-    EXECUTE format('ALTER FUNCTION %I.atomicphase_key_table_fired(oid) SET search_path = %I, pg_temp', v_schema, v_schema);
+    EXECUTE pg_catalog.format('ALTER FUNCTION %I.atomicphase_key_status() SET search_path = %I, pg_temp', v_schema, v_schema);
+    EXECUTE pg_catalog.format('ALTER FUNCTION %I.atomicphase_key_delete() SET search_path = %I, pg_temp', v_schema, v_schema);
+    EXECUTE pg_catalog.format('ALTER FUNCTION %I.atomicphase_key_table_fired(oid) SET search_path = %I, pg_temp', v_schema, v_schema);
 END
 $$;
 REVOKE EXECUTE ON FUNCTION /* TEMPLATE: schema */atomicphase_key_status() FROM PUBLIC;
@@ -317,18 +322,21 @@ REVOKE EXECUTE ON FUNCTION /* TEMPLATE: schema */atomicphase_key_delete() FROM P
 DO $$
 DECLARE
     v_keys    regclass := (SELECT t.typrelid FROM pg_catalog.pg_type t
-                           WHERE t.oid = pg_typeof(NULL::/* TEMPLATE: schema */idempotency_keys));
+                           WHERE t.oid OPERATOR(pg_catalog.=) pg_catalog.pg_typeof(NULL::/* TEMPLATE: schema */idempotency_keys)::pg_catalog.oid);
     v_history regclass := (SELECT t.typrelid FROM pg_catalog.pg_type t
-                           WHERE t.oid = pg_typeof(NULL::/* TEMPLATE: schema */atomicphase_key_history));
+                           WHERE t.oid OPERATOR(pg_catalog.=) pg_catalog.pg_typeof(NULL::/* TEMPLATE: schema */atomicphase_key_history)::pg_catalog.oid);
     v_grantee text;
 BEGIN
     FOR v_grantee IN
-        SELECT DISTINCT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END
-        FROM pg_catalog.pg_class c, aclexplode(c.relacl) a
-        LEFT JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
-        WHERE c.oid = v_keys AND a.privilege_type IN ('UPDATE', 'DELETE') AND a.grantee <> c.relowner
+        SELECT DISTINCT CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
+                             ELSE pg_catalog.quote_ident(r.rolname::pg_catalog.text) END
+        FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+        LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+        WHERE c.oid OPERATOR(pg_catalog.=) v_keys::pg_catalog.oid
+          AND a.privilege_type OPERATOR(pg_catalog.=) ANY ('{UPDATE,DELETE}'::pg_catalog.text[])
+          AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
     LOOP
-        EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s', v_history, v_grantee);
+        EXECUTE pg_catalog.format('GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s', v_history, v_grantee);
     END LOOP;
 END
 $$;

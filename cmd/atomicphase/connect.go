@@ -85,6 +85,8 @@ func (c *cli) explain(err error) error {
 		}
 		return fmt.Errorf("the database has no atomicphase schema %s, or an older one: run `atomicphase migrate` "+
 			"with the same --database-url and --schema first\n  detail: %w", where, err)
+	case errors.Is(err, atomicphase.ErrSchemaOpen):
+		return fmt.Errorf("refused: %w", err)
 	case errors.Is(err, atomicphase.ErrStoreUnavailable):
 		return fmt.Errorf("lost the database connection: %w; check that PostgreSQL is running and try again", err)
 	case errors.Is(err, context.Canceled):

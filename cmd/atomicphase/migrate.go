@@ -11,7 +11,7 @@ import (
 )
 
 func (c *cli) migrateCmd() *cobra.Command {
-	var citus, scopeCap bool
+	var citus, scopeCap, allowPublicCreate bool
 	var to int
 	cmd := &cobra.Command{
 		Use:   "migrate",
@@ -35,6 +35,13 @@ Config.MaxUnfinishedPerScope counts with (concurrently: no write waits).
 Without it a Runner with a cap fails its CheckSchema; a request that
 succeeds first time writes one more index entry with it.
 
+It refuses a database where every role may create objects in the schema
+or in a schema on the connection's search_path (schema public, on
+PostgreSQL 14 and earlier): such a role could run its own code as whoever
+sends the library's statements. Revoke it (REVOKE CREATE ON SCHEMA public
+FROM PUBLIC), or pass --allow-public-create for a database no untrusted
+role connects to.
+
 With --to N it stops after migration N, leaving the later ones for a later
 run: during an upgrade, migrate to the version the new release needs
 (atomicphase.MinVersion) while the previous release serves, roll the new
@@ -50,7 +57,8 @@ previous release read.`),
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return c.withPool(cmd.Context(), func(pool *pgxpool.Pool) error {
-				opts := &atomicphase.MigrateOpts{Schema: c.schema, Citus: citus, ScopeCap: scopeCap, TargetVersion: to}
+				opts := &atomicphase.MigrateOpts{Schema: c.schema, Citus: citus, ScopeCap: scopeCap, TargetVersion: to,
+					AllowPublicCreate: allowPublicCreate}
 				names := map[int]string{}
 				latest := 0
 				migrations, err := atomicphase.Migrations(opts)
@@ -87,5 +95,7 @@ previous release read.`),
 	cmd.Flags().BoolVar(&citus, "citus", false, "on a Citus coordinator, also distribute the key table and the functions by scope")
 	cmd.Flags().BoolVar(&scopeCap, "scope-cap", false, "also build the index Config.MaxUnfinishedPerScope counts with")
 	cmd.Flags().IntVar(&to, "to", 0, "stop after migration `N` (0: apply every migration)")
+	cmd.Flags().BoolVar(&allowPublicCreate, "allow-public-create", false,
+		"migrate although every role may create objects in the schema or on the search_path (a database no untrusted role connects to)")
 	return cmd
 }

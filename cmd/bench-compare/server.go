@@ -197,7 +197,8 @@ func createDatabase(ctx context.Context, url string, pgss bool) (*database, erro
 		return nil, err
 	}
 	db := &database{config: cfg, admin: admin, drop: func() { admin.Close(); drop() }}
-	if _, err := atomicphase.Migrate(ctx, admin, nil); err != nil {
+	// A throwaway server no other role connects to.
+	if _, err := atomicphase.Migrate(ctx, admin, &atomicphase.MigrateOpts{AllowPublicCreate: true}); err != nil {
 		db.drop()
 		return nil, fmt.Errorf("migrate: %w", err)
 	}

@@ -107,7 +107,8 @@ func startCluster(ctx context.Context, o *options, workers int) (_ *cluster, err
 			return nil, err
 		}
 	}
-	if _, err := atomicphase.Migrate(ctx, c.admin, &atomicphase.MigrateOpts{Citus: workers > 0}); err != nil {
+	// Throwaway servers no other role connects to.
+	if _, err := atomicphase.Migrate(ctx, c.admin, &atomicphase.MigrateOpts{Citus: workers > 0, AllowPublicCreate: true}); err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
 	for _, stmt := range schema(workers > 0) {

@@ -32,6 +32,9 @@ type Info struct {
 	ResolvedAt       *time.Time
 	ResolvedResult   []byte
 	ParkedAt         *time.Time
+	// ParkedForGood is set on a key parked by a permanent failure (a bug,
+	// a panic), not by its attempts running out.
+	ParkedForGood bool
 	// Unsettled is set while the outcome of the key's foreign call is
 	// unknown or a call may be in flight (see unsettledSQL).
 	Unsettled bool
@@ -93,7 +96,7 @@ const infoColumns = `scope, idempotency_key AS key, workflow, workflow_version, 
        request_method, request_path, fingerprint,
        ` + statusSQL + ` AS status,
        locked_at IS NOT NULL AS locked, lock_token, state, attempts, last_error,
-       next_attempt_at, parked_at, unknown_at, ` + unsettledSQL + ` AS unsettled, call_until, called_at, coalesce(downstream_salt::text, '') AS downstream_salt, resolved_happened, resolved_note, resolved_at, resolved_result,
+       next_attempt_at, parked_at, coalesce(final_parked_at = parked_at, false) AS parked_for_good, unknown_at, ` + unsettledSQL + ` AS unsettled, call_until, called_at, coalesce(downstream_salt::text, '') AS downstream_salt, resolved_happened, resolved_note, resolved_at, resolved_result,
        extract(epoch FROM /* TEMPLATE: schema */atomicphase_lock_expires(locked_at, lease_us, call_until, $3, now()) - now())::float8 AS lock_expires_in,
        response_status AS status_code, response_header AS header, response_body AS body,
        created_at, updated_at, finished_at`
@@ -108,7 +111,7 @@ const pageColumns = `scope, idempotency_key AS key, workflow, workflow_version, 
        request_method, CASE WHEN $12::boolean THEN '' ELSE request_path END AS request_path, fingerprint,
        ` + statusSQL + ` AS status,
        locked_at IS NOT NULL AS locked, lock_token, CASE WHEN $12::boolean THEN NULL ELSE state END AS state, attempts, last_error,
-       next_attempt_at, parked_at, unknown_at, ` + unsettledSQL + ` AS unsettled, call_until, coalesce(downstream_salt::text, '') AS downstream_salt, resolved_happened,
+       next_attempt_at, parked_at, coalesce(final_parked_at = parked_at, false) AS parked_for_good, unknown_at, ` + unsettledSQL + ` AS unsettled, call_until, coalesce(downstream_salt::text, '') AS downstream_salt, resolved_happened,
        CASE WHEN $12::boolean THEN NULL ELSE resolved_note END AS resolved_note, resolved_at,
        CASE WHEN $12::boolean THEN NULL ELSE resolved_result END AS resolved_result,
        extract(epoch FROM /* TEMPLATE: schema */atomicphase_lock_expires(locked_at, lease_us, call_until, $3, now()) - now())::float8 AS lock_expires_in,

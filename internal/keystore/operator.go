@@ -51,15 +51,16 @@ FROM /* TEMPLATE: schema */idempotency_keys WHERE scope = $1::text AND idempoten
 const forgetSQL = `
 DELETE FROM /* TEMPLATE: schema */idempotency_keys
 WHERE scope = $1::text AND idempotency_key = $2::text
-  AND (response_status IS NOT NULL OR (parked_at IS NOT NULL AND locked_at IS NULL))
+  AND ((response_status IS NOT NULL AND $8::boolean) OR (response_status IS NULL AND parked_at IS NOT NULL AND locked_at IS NULL))
   AND lock_token = $3::bigint
   AND unknown_at IS NOT DISTINCT FROM $4::timestamptz AND call_until IS NOT DISTINCT FROM $5::timestamptz
   AND parked_at IS NOT DISTINCT FROM $6::timestamptz AND called_at IS NOT DISTINCT FROM $7::timestamptz`
 
-// Forget deletes a finished key, or a parked one nobody holds, unless it
-// is unsettled (see unsettledSQL) and force is false. It reports false,
-// changing nothing, for any other key or an absent one.
-func (s *Store) Forget(ctx context.Context, db DB, scope, key string, force bool) (bool, error) {
+// Forget deletes a finished key (when finished is set), or a parked one
+// nobody holds, unless it is unsettled (see unsettledSQL) and force is
+// false. It reports false, changing nothing, for any other key or an
+// absent one.
+func (s *Store) Forget(ctx context.Context, db DB, scope, key string, force, finished bool) (bool, error) {
 	var unsettled bool
 	var token int64
 	var unknownAt, callUntil, parkedAt, calledAt *time.Time
@@ -70,7 +71,7 @@ func (s *Store) Forget(ctx context.Context, db DB, scope, key string, force bool
 	if err != nil {
 		return false, err
 	}
-	args := []any{scope, key, token, unknownAt, callUntil, parkedAt, calledAt}
+	args := []any{scope, key, token, unknownAt, callUntil, parkedAt, calledAt, finished}
 	if b, ok := db.(Beginner); ok && unsettled {
 		return forgetForced(ctx, b, s.sql.forget, args)
 	}
