@@ -25,6 +25,7 @@ var (
 	KeyStates            = keyStates
 	KeyStatusesIn        = keyStatusesIn
 	KeyStateChanges      = keyStateChanges
+	KeyTransitions       = keyTransitions
 	KeyTransitionAllowed = keyTransitionAllowed
 	KeyDeletable         = keyDeletable
 )

@@ -77,11 +77,11 @@ func TestKeyHistoryRecordsWhatWentWrong(t *testing.T) {
 	require.NotEqual(t, h[0].LockToken, h[1].LockToken, "each event names its attempt")
 	require.Nil(t, h[1].Error)
 	require.True(t, h[0].At.Before(h[2].At) || h[0].At.Equal(h[2].At))
-	var status *string
-	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT status FROM idempotency_keys WHERE scope = 'driver_1' AND idempotency_key = $1`, "k").Scan(&status))
-	require.Equal(t, "finished", *status, "a key that went wrong keeps its state to the end")
-	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT status FROM idempotency_keys WHERE scope = 'driver_1' AND idempotency_key = $1`, "fine").Scan(&status))
-	require.Nil(t, status, "one that never did keeps none")
+	var status string
+	for _, key := range []string{"k", "fine"} {
+		require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT status::text FROM idempotency_keys WHERE scope = 'driver_1' AND idempotency_key = $1`, key).Scan(&status))
+		require.Equal(t, "f", status, "%s: every key's state is stored", key)
+	}
 	last, err := b.runner.KeyHistory(b.ctx, "driver_1", "k", 1)
 	require.NoError(t, err)
 	require.Len(t, last, 1, "the limit holds")
@@ -148,7 +148,7 @@ func TestKeyHistoryOfATakeover(t *testing.T) {
 func TestKeyHistoryNeedsItsMigration(t *testing.T) {
 	t.Parallel()
 	b := setupDB(t, unmigratedDBOpts, nil)
-	_, err := atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{TargetVersion: atomicphase.MinVersion})
+	_, err := atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{TargetVersion: 16})
 	require.NoError(t, err)
 	_, err = b.runner.KeyHistory(b.ctx, "s", "k", 0)
 	require.ErrorIs(t, err, atomicphase.ErrSchemaMissing)
@@ -163,11 +163,11 @@ func TestKeyHistoryIsBounded(t *testing.T) {
 		_, err := b.db.Pool.Exec(b.ctx, sql, args...)
 		require.NoError(t, err)
 	}
-	exec(`INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, locked_at, attempts)
-		VALUES ('driver_1', 'k', 'w', '\x00', 'POST', '/', '\x00', now(), 100)`)
+	exec(`INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, locked_at, attempts, lock_token, status)
+		VALUES ('driver_1', 'k', 'w', '\x00', 'POST', '/', '\x00', now(), 100, 7, 'r')`)
 	exec(`INSERT INTO atomicphase_key_history (scope, idempotency_key, event, status_before, status, recovery_point, attempt, lock_token)
 		SELECT 'driver_1', 'k', 'failed', 'running', 'waiting', 'started', i, 1 FROM generate_series(1, 1200) i`)
-	exec(`UPDATE idempotency_keys SET locked_at = NULL, last_error = 'down' WHERE idempotency_key = 'k'`)
+	exec(`SELECT atomicphase_release('driver_1', 'k', 7, 'down', 0, false, false, false, false)`)
 	require.Equal(t, 1000, historyRows(t, b))
 	h, err := b.runner.KeyHistory(b.ctx, "driver_1", "k", 0)
 	require.NoError(t, err)
@@ -176,121 +176,51 @@ func TestKeyHistoryIsBounded(t *testing.T) {
 	require.Equal(t, "down", *h[len(h)-1].Error)
 }
 
-// The triggers run on the schema's path, as the writer: a role with the
-// grants docs/security-and-limits.md gives a runtime role (the key table
-// and its history), in a session whose search_path does not name the
-// schema (a restore, a script), writes through them.
-func TestKeyTriggersNeedNoPath(t *testing.T) {
+// The functions that write a key's history write the key table's schema's,
+// whatever the writing session's search_path holds: a schema named after
+// the role, holding a table by the history's name, takes nothing from
+// them.
+func TestKeyHistoryIsWrittenInTheKeyTablesSchema(t *testing.T) {
 	t.Parallel()
-	atomicphasetest.SkipOnCitus(t, "the coordinator connects to the workers as the role it is set to, which needs a login there")
-	b := setup(t, nil)
-	role := fmt.Sprintf("writer_%d", time.Now().UnixNano())
-	_, err := b.db.Pool.Exec(b.ctx, `CREATE ROLE `+role)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, _ = b.db.Pool.Exec(context.Background(), `REVOKE ALL ON idempotency_keys, atomicphase_key_history FROM `+role)
-		_, _ = b.db.Pool.Exec(context.Background(), `DROP ROLE `+role)
-	})
-	_, err = b.db.Pool.Exec(b.ctx, `GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys, atomicphase_key_history TO `+role)
-	require.NoError(t, err)
-	var schema string
-	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT relnamespace::regnamespace::text FROM pg_class WHERE oid = 'idempotency_keys'::regclass`).Scan(&schema))
-	require.NoError(t, pgx.BeginFunc(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
-		for _, sql := range []string{`SET LOCAL ROLE ` + role, `SET LOCAL search_path TO pg_catalog`,
-			`INSERT INTO ` + schema + `.idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, locked_at)
-				VALUES ('driver_1', 'k', 'w', '\x00', 'POST', '/', '\x00', now())`,
-			`UPDATE ` + schema + `.idempotency_keys SET locked_at = NULL, parked_at = now() WHERE idempotency_key = 'k'`} {
-			if _, err := tx.Exec(b.ctx, sql); err != nil {
-				return fmt.Errorf("%s: %w", sql, err)
-			}
-		}
-		return nil
-	}))
-	require.Equal(t, [][3]string{{"parked", "running", "parked"}}, events(t, b, "k"))
-}
-
-// The triggers' tables are the key table's schema's, whatever the writing
-// session's search_path holds: a temporary table, or a schema named after
-// the role, by the history's name, takes nothing from them.
-func TestKeyTriggersWriteTheirOwnSchemasHistory(t *testing.T) {
-	t.Parallel()
-	atomicphasetest.SkipOnCitus(t, "a temporary table and a schema per role are a single node's matter here")
+	atomicphasetest.SkipOnCitus(t, "a schema per role is a single node's matter here")
 	b := setup(t, nil)
 	var user string
 	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT current_user`).Scan(&user))
-	require.NoError(t, pgx.BeginFunc(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
-		for _, sql := range []string{
-			`CREATE SCHEMA ` + pgx.Identifier{user}.Sanitize(),
-			`CREATE TABLE ` + pgx.Identifier{user, "atomicphase_key_history"}.Sanitize() + ` (LIKE atomicphase_key_history)`,
-			`CREATE TEMP TABLE atomicphase_key_history (LIKE atomicphase_key_history)`,
-			`INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, locked_at)
-				VALUES ('driver_1', 'k', 'w', '\x00', 'POST', '/', '\x00', now())`,
-			`UPDATE idempotency_keys SET locked_at = NULL, parked_at = now() WHERE idempotency_key = 'k'`,
-		} {
-			if _, err := tx.Exec(b.ctx, sql); err != nil {
-				return fmt.Errorf("%s: %w", sql, err)
-			}
-		}
-		var stray int
-		if err := tx.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM pg_temp.atomicphase_key_history)
-			+ (SELECT count(*) FROM `+pgx.Identifier{user, "atomicphase_key_history"}.Sanitize()+`)`).Scan(&stray); err != nil {
-			return err
-		}
-		if stray != 0 {
-			return fmt.Errorf("%d events went astray", stray)
-		}
-		return nil
-	}))
-	// (The Runner, on the search_path, would now read the role's schema:
-	// the key table's is read by name.)
+	own := pgx.Identifier{user, "atomicphase_key_history"}.Sanitize()
+	for _, sql := range []string{`CREATE SCHEMA ` + pgx.Identifier{user}.Sanitize(),
+		`CREATE TABLE ` + own + ` (LIKE atomicphase_key_history INCLUDING ALL)`} {
+		_, err := b.db.Pool.Exec(b.ctx, sql)
+		require.NoError(t, err)
+	}
+	bk := newBank()
+	var faults modelFaults
+	faults.set("", false)
+	faults.transient.Store(true)
+	_, err := b.runner.Run(b.ctx, modelWorkflow(bk, &faults), payoutRequest("k"))
+	require.Error(t, err)
+	var stray int
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM `+own).Scan(&stray))
+	require.Zero(t, stray, "an event went astray")
 	var schema string
 	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT relnamespace::regnamespace::text FROM pg_class WHERE oid = 'idempotency_keys'::regclass`).Scan(&schema))
 	rows, err := b.db.Pool.Query(b.ctx, `SELECT event FROM `+schema+`.atomicphase_key_history WHERE idempotency_key = 'k'`)
 	require.NoError(t, err)
 	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
-	require.Equal(t, []string{"parked"}, got)
+	require.Equal(t, []string{"failed"}, got)
 }
 
-// A write made from inside a trigger (a user's own, on another table) is
-// held to the table and recorded like any other.
-func TestKeyWritesFromATriggerAreHeldToo(t *testing.T) {
-	t.Parallel()
-	b := setup(t, nil)
-	for _, sql := range []string{
-		`CREATE TABLE orders_done (key text)`,
-		`CREATE FUNCTION park_it() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
-			UPDATE idempotency_keys SET locked_at = NULL, parked_at = now(), response_status = NULL, recovery_point = 'started'
-			WHERE idempotency_key = NEW.key; RETURN NULL; END $$`,
-		`CREATE TRIGGER park_it AFTER INSERT ON orders_done FOR EACH ROW EXECUTE FUNCTION park_it()`,
-		`INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, locked_at, recovery_point, response_status)
-			VALUES ('driver_1', 'done', 'w', '\x00', 'POST', '/', '\x00', NULL, 'finished', 201)`,
-		`INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, locked_at)
-			VALUES ('driver_1', 'k', 'w', '\x00', 'POST', '/', '\x00', now())`,
-		`INSERT INTO orders_done VALUES ('k')`,
-	} {
-		_, err := b.db.Pool.Exec(b.ctx, sql)
-		require.NoError(t, err, sql)
-	}
-	require.Equal(t, [][3]string{{"parked", "running", "parked"}}, events(t, b, "k"))
-	var state string
-	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT status FROM idempotency_keys WHERE idempotency_key = 'k'`).Scan(&state))
-	require.Equal(t, "parked", state)
-	_, err := b.db.Pool.Exec(b.ctx, `INSERT INTO orders_done VALUES ('done')`)
-	require.Equal(t, "AP010", sqlState(err), "a finished key is final, from a trigger too: %v", err)
-}
-
-// A key whose only event came while it was running (a verdict taken into
-// a key a stale attempt held) keeps its state from then, so its delete
-// takes its history along.
+// A verdict taken into a key a stale attempt held keeps the key running
+// and goes in its history; the key's finish after it does too, and a
+// delete takes the history along.
 func TestKeyHistoryGoesWithAKeyMarkedOnlyOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	for _, sql := range []string{
-		`INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, locked_at, unknown_at)
-			VALUES ('driver_1', 'k', 'w', '\x00', 'POST', '/', '\x00', now(), now())`,
-		`UPDATE idempotency_keys SET resolved_at = now(), resolved_after = 'started', resolved_happened = true WHERE idempotency_key = 'k'`,
-		`UPDATE idempotency_keys SET locked_at = NULL, unknown_at = NULL, recovery_point = 'finished', response_status = 201 WHERE idempotency_key = 'k'`,
+		`INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, locked_at, lease_us, unknown_at, lock_token, status)
+			VALUES ('driver_1', 'k', 'w', '\x00', 'POST', '/', '\x00', now() - interval '1 hour', 1000000, now(), 7, 'r')`,
+		`SELECT * FROM atomicphase_record_verdict('driver_1', 'k', true, 'checked', 1000000, NULL)`,
+		`SELECT atomicphase_checkpoint('driver_1', 'k', 7, 'finished', NULL, '\x00', 201, NULL, '')`,
 	} {
 		_, err := b.db.Pool.Exec(b.ctx, sql)
 		require.NoError(t, err, sql)

@@ -3,7 +3,6 @@ package atomicphase_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"regexp"
 	"testing"
 	"time"
@@ -67,9 +66,9 @@ func TestFreshRequestWritesTwoIndexEntriesAndFinishesHOT(t *testing.T) {
 		"the finished key has an entry in these indexes only")
 	require.Len(t, indexes, 4, "the key table's indexes: the primary key, creation time, keys that went wrong, parked keys")
 	require.Zero(t, historyRows(t, b), "nor a row, nor an index entry, in the key's history")
-	var status *string
-	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT status FROM idempotency_keys WHERE scope = 'u' AND idempotency_key = 'k'`).Scan(&status))
-	require.Nil(t, status, "a key that never went wrong keeps no status: its finish leaves the row's last column alone")
+	var status string
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT status::text FROM idempotency_keys WHERE scope = 'u' AND idempotency_key = 'k'`).Scan(&status))
+	require.Equal(t, "f", status, "its state is stored, finished")
 }
 
 // A key that never went wrong carries no mark, and its process may die
@@ -137,8 +136,8 @@ func TestScopeCapNeedsItsIndex(t *testing.T) {
 
 	_, err = b.db.Pool.Exec(b.ctx, `
 		INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state,
-		                              recovery_point, response_status, finished_at)
-		SELECT 's' || (i % 50), 'k' || i, 'w', '\x00', 'POST', '/', '{}', 'finished', 200, now() FROM generate_series(1, 20000) i;
+		                              recovery_point, response_status, finished_at, status)
+		SELECT 's' || (i % 50), 'k' || i, 'w', '\x00', 'POST', '/', '{}', 'finished', 200, now(), 'f' FROM generate_series(1, 20000) i;
 		ANALYZE idempotency_keys`)
 	require.NoError(t, err)
 	var plan string
@@ -170,7 +169,7 @@ func TestMigrateToMinVersionThenContract(t *testing.T) {
 
 	applied, err = atomicphase.Migrate(b.ctx, b.db.Pool, nil)
 	require.NoError(t, err)
-	require.Equal(t, []int{atomicphase.MinVersion + 1, atomicphase.MinVersion + 2, atomicphase.MinVersion + 3}, applied)
+	require.Equal(t, []int{atomicphase.MinVersion + 1}, applied)
 	require.False(t, indexExists("idempotency_keys_due_idx"))
 	require.NoError(t, b.runner.CheckSchema(b.ctx))
 
@@ -179,52 +178,73 @@ func TestMigrateToMinVersionThenContract(t *testing.T) {
 }
 
 // An upgrade carries keys in every state: made on the schema of the
-// previous release (migration 015), then migrated, they are found and
-// finished by the sweep (a crashed one, one waiting out its backoff, one
-// whose payout's outcome was unknown), the parked one stays parked and
-// unsettled, the finished one replays, the console counts every
-// unfinished one, and the bank pays each request once.
+// previous release (migration 015), through the functions that release
+// writes keys with (its admission, checkpoint and release: what its code
+// sends for each, with the bank's payouts as its calls made them), then
+// migrated, they are found and finished by the sweep (a crashed one, one
+// waiting out its backoff, one whose payout's outcome was unknown), the
+// parked one stays parked and unsettled, the finished one replays, the
+// console counts every unfinished one, and the bank pays each request
+// once.
 func TestUpgradeCarriesKeysInEveryState(t *testing.T) {
 	t.Parallel()
 	var faults modelFaults
 	faults.set("", false)
-	b := setupDB(t, unmigratedDBOpts, &atomicphase.Config{CallGrace: time.Nanosecond, MaxAttempts: 5,
-		FaultInjector: atomicphase.FaultInjectorFunc(func(_ context.Context, at atomicphase.FaultPoint, _ *pgx.Conn) error {
-			if c, _ := faults.crashAt.Load().(string); c != "" && c == at.Phase+"/"+string(at.Place) {
-				faults.crashAt.Store("")
-				return fmt.Errorf("killed: %w", atomicphase.ErrCrashed)
-			}
-			return nil
-		})})
+	b := setupDB(t, unmigratedDBOpts, &atomicphase.Config{CallGrace: time.Nanosecond, MaxAttempts: 5})
 	_, err := atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{TargetVersion: 15})
 	require.NoError(t, err)
 	bk := newBank()
 	wf := modelWorkflow(bk, &faults)
-	run := func(key, crashAt string, permanent bool, bankFails ...string) error {
-		faults.set(crashAt, permanent)
+	fp, err := atomicphase.FingerprintOf("POST", "/payouts", nil)
+	require.NoError(t, err)
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		_, err := b.db.Pool.Exec(b.ctx, sql, args...)
+		require.NoError(t, err, sql)
+	}
+	// The previous release's admission of a new key, which records it
+	// locked under token; and its payout at the bank, under the pay
+	// phase's downstream key, for the keys whose call went out.
+	admit := func(key string, token int64) {
+		var acquired bool
+		require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT acquired FROM atomicphase_admit('driver_1', $1, 'model', $2, 'POST', '/payouts',
+			'{}', 30000000, $3, NULL, $4)`, key, fp[:], token, wf.Version()).Scan(&acquired))
+		require.True(t, acquired, key)
+	}
+	paid := func(key string) {
+		var salt string
+		require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT downstream_salt::text FROM idempotency_keys WHERE idempotency_key = $1`, key).Scan(&salt))
+		ref := atomicphase.DownstreamKeyOf(salt, "model", "driver_1", key, "pay")
 		bk.mu.Lock()
-		bk.fail = bankFails
+		bk.payouts[ref] = []string{"po_1"}
 		bk.mu.Unlock()
-		_, err := b.runner.Run(b.ctx, wf, payoutRequest(key))
-		faults.set("", false)
-		return err
 	}
-	require.NoError(t, run("finished", "", false))
-	require.ErrorIs(t, run("running", "pay/"+string(atomicphase.AfterForeign), false), atomicphase.ErrCrashed)
-	faults.transient.Store(true)
-	require.Error(t, run("waiting", "", false))
-	faults.transient.Store(false)
-	bk.lookupDown.Store(1000)
-	require.ErrorIs(t, run("unknown", "", false, "act-then-lose"), atomicphase.ErrOutcomeUnknown)
-	bk.lookupDown.Store(0)
-	require.ErrorIs(t, run("parked", "", true), atomicphase.ErrPermanent)
-	want := map[string]atomicphase.KeyStatus{"finished": atomicphase.KeyFinished, "running": atomicphase.KeyInProgress,
-		"waiting": atomicphase.KeyAbandoned, "unknown": atomicphase.KeyUnknown, "parked": atomicphase.KeyParked}
-	for key, status := range want {
-		info, err := b.runner.Inspect(b.ctx, "driver_1", key)
-		require.NoError(t, err)
-		require.Equal(t, status, info.Status, key)
-	}
+	checkpoint := `SELECT atomicphase_checkpoint('driver_1', $1, $2, $3, NULL, $4, $5, NULL, $6)`
+	release := `SELECT atomicphase_release('driver_1', $1, $2, $3, $4, $5, $6, $7, $8)`
+	const payoutState = `{"payout_id":"po_1"}`
+
+	admit("finished", 1)
+	exec(checkpoint, "finished", int64(1), "prepare", []byte(`{}`), nil, nil)
+	paid("finished")
+	exec(checkpoint, "finished", int64(1), "finished", []byte(payoutState), 201, []byte("paid"))
+	// Killed right after its payout went out.
+	admit("running", 2)
+	exec(checkpoint, "running", int64(2), "prepare", []byte(`{}`), nil, nil)
+	paid("running")
+	// A passing fault in prepare: waiting for its backoff.
+	admit("waiting", 3)
+	exec(release, "waiting", int64(3), `phase "prepare": a passing fault in prepare`, int64(time.Second/time.Microsecond), false, false, false, false)
+	// The payout's answer lost.
+	admit("unknown", 4)
+	exec(checkpoint, "unknown", int64(4), "prepare", []byte(`{}`), nil, nil)
+	paid("unknown")
+	exec(release, "unknown", int64(4), `phase "pay": atomicphase: outcome of a foreign call unknown`, int64(time.Second/time.Microsecond), false, true, false, true)
+	// Paid, then parked for good by a bug in done.
+	admit("parked", 5)
+	exec(checkpoint, "parked", int64(5), "prepare", []byte(`{}`), nil, nil)
+	paid("parked")
+	exec(checkpoint, "parked", int64(5), "pay", []byte(payoutState), nil, nil)
+	exec(release, "parked", int64(5), `phase "done": a bug in done`, nil, true, false, true, true)
 
 	// The keys are an hour old when the upgrade comes (leases, backoffs
 	// and the call's grace are over).
@@ -232,6 +252,13 @@ func TestUpgradeCarriesKeysInEveryState(t *testing.T) {
 	_, err = atomicphase.Migrate(b.ctx, b.db.Pool, nil)
 	require.NoError(t, err)
 	require.NoError(t, b.runner.CheckSchema(b.ctx))
+	want := map[string]atomicphase.KeyStatus{"finished": atomicphase.KeyFinished, "running": atomicphase.KeyStale,
+		"waiting": atomicphase.KeyAbandoned, "unknown": atomicphase.KeyUnknown, "parked": atomicphase.KeyParked}
+	for key, status := range want {
+		info, err := b.runner.Inspect(b.ctx, "driver_1", key)
+		require.NoError(t, err)
+		require.Equal(t, status, info.Status, "%s: its state stored by the migration", key)
+	}
 	levels, err := b.runner.KeyLevels(b.ctx, nil)
 	require.NoError(t, err)
 	var unfinished int64
@@ -240,6 +267,7 @@ func TestUpgradeCarriesKeysInEveryState(t *testing.T) {
 	}
 	require.EqualValues(t, 4, unfinished, "the console counts every unfinished key: %+v", levels)
 
+	require.NoError(t, b.runner.Register(wf))
 	s := newSweeper(t, b, nil)
 	for range 3 {
 		_, err := s.RunOnce(b.ctx)
@@ -260,10 +288,9 @@ func TestUpgradeCarriesKeysInEveryState(t *testing.T) {
 	require.True(t, info.Unsettled, "it paid before its bug parked it")
 	require.ErrorIs(t, b.runner.Forget(b.ctx, "driver_1", "parked"), atomicphase.ErrOutcomeUnsettled)
 
-	// Migration 019 came with the upgrade: the keys made before it have
-	// their state from their columns until their next write, and the
-	// history of what the sweep did with them since; nothing deletes the
-	// parked one by hand.
+	// Migration 017 came with the upgrade: the keys made before it have
+	// their state stored, and the history of what the sweep did with them
+	// since; nothing deletes the parked one by hand.
 	for key, want := range map[string]struct {
 		state   string
 		history [][3]string

@@ -1,15 +1,16 @@
 package atomicphase
 
 // The key's life, as one table: which operation may move a key from which
-// stored state (keyState, or absent) to which. The database holds every
-// write to it, of this release and the previous one (migration 019: a
-// write that changes a state in a way no operation may is refused, and so
-// is a DELETE of a key that may have paid, unless a forced forget is on
-// the audit trail); each operation's SQL narrows it to its own row of the
-// table; and a model-based test (TestKeyStatesFollowTheTable) drives
+// stored state (keyState, or absent) to which. A key's state is stored, as
+// one column (status, migration 017), and every statement that writes a
+// key sets it and names, in its WHERE, the states its operation may move a
+// key from, as this table says (the SQL marks each such test with a
+// comment, "from: <op>", which TestKeyStateTableIsTheDatabases holds to
+// the table). A model-based test (TestKeyStatesFollowTheTable) drives
 // random operations, crashes, broken connections, lost answers and
 // concurrent takes against a real database and checks every step's before
-// and after against it.
+// and after against it. The database holds every DELETE to the table too
+// (a trigger, which a request that succeeds first time never fires).
 
 // keyOp is an operation on a key, as the table names it.
 type keyOp string
@@ -34,15 +35,17 @@ const (
 	opReapParked keyOp = "reap-parked"
 	// opReap: Runner.Reap (finished keys).
 	opReap keyOp = "reap"
+	// opDue: Runner.MakeDue, which clears a backoff and moves no key.
+	opDue keyOp = "due"
 	// opTime: time passes (leases, backoffs and call marks run out).
 	opTime keyOp = "time"
 )
 
-// keyState is a key's stored state: the status column (migration 019),
-// which the database keeps equal to atomicphase_status_of over the key's
-// columns on every write, by any release. Time changes no state: a
-// running key whose lease ran out is stale, and a waiting key in a call's
-// quiet period is in progress, only as a reader sees them (KeyStatus).
+// keyState is a key's stored state: the status column (migration 017),
+// by its name (the column holds its first letter). Time changes no state:
+// a running key whose lease ran out is stale, and a waiting key in a
+// call's quiet period is in progress, only as a reader sees them
+// (KeyStatus).
 type keyState string
 
 // The states, and keyAbsent for a key with no row (never recorded, or
@@ -101,18 +104,20 @@ var keyTransitions = map[keyOp]map[keyState][]keyState{
 	// A verdict settles an unknown outcome, of a parked key too; it makes
 	// due (waiting) a key parked because its attempts ran out, and leaves
 	// one parked for good (a permanent failure, a panic: a bug an operator
-	// fixes, then unparks) parked.
-	opVerdict:    {stateUnknown: {stateWaiting, stateUnknown}, stateParked: {stateWaiting, stateUnknown}},
+	// fixes, then unparks) parked. A running key takes it only once its
+	// holder's lease ran out, and stays running: the attempt that holds it
+	// next takes the verdict.
+	opVerdict: {stateRunning: {stateRunning}, stateUnknown: {stateWaiting, stateUnknown},
+		stateParked: {stateWaiting, stateUnknown}},
 	opForget:     {stateFinished: {keyAbsent}, stateParked: {keyAbsent}},
 	opReapParked: {stateParked: {keyAbsent}},
 	opReap:       {stateFinished: {keyAbsent}},
+	opDue:        {stateRunning: {stateRunning}, stateWaiting: {stateWaiting}, stateUnknown: {stateUnknown}},
 	opTime:       {},
 }
 
 // keyStateChanges are the changes one write may make to a row's state:
-// every pair some operation allows, the deletes apart. The database
-// refuses any other (atomicphase_status_may_change, migration 019;
-// TestKeyStateTableIsTheDatabases holds the two together).
+// every pair some operation allows, the deletes apart.
 func keyStateChanges() map[[2]keyState]bool {
 	out := map[[2]keyState]bool{}
 	for _, byFrom := range keyTransitions {

@@ -138,7 +138,7 @@ func TestReplayWritesNothing(t *testing.T) {
 // has committed nothing since, as a crashed or stalled process leaves it.
 func lockKey(t *testing.T, b *testBundle, key string, age time.Duration) {
 	t.Helper()
-	tag, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET locked_at = now() - $2 * interval '1 microsecond',
+	tag, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET locked_at = now() - $2 * interval '1 microsecond', status = 'r',
 		    next_attempt_at = coalesce(next_attempt_at, created_at)
 		WHERE scope = 'u' AND idempotency_key = $1 AND response_status IS NULL`, key, age.Microseconds())
 	require.NoError(t, err)

@@ -89,7 +89,7 @@ type MigrateOpts struct {
 // MinVersion is the migration this version of the library needs the
 // database to have reached: CheckSchema refuses an older schema. The
 // migrations after it remove what only an older release reads.
-const MinVersion = 17
+const MinVersion = 19
 
 func (o *MigrateOpts) schema() string {
 	if o == nil {

@@ -84,12 +84,14 @@ func TestMigrationsGoDownAndUpAgain(t *testing.T) {
 // allObjects is what the migrations create, as schemaObjects lists it.
 var allObjects = []string{
 	"function atomicphase_acquire", "function atomicphase_admit", "function atomicphase_admit", "function atomicphase_checkpoint",
-	"function atomicphase_claim", "function atomicphase_deletable", "function atomicphase_held_until", "function atomicphase_key_delete", "function atomicphase_key_status", "function atomicphase_key_table_fired", "function atomicphase_lock_expires",
-	"function atomicphase_lock_takeable", "function atomicphase_record", "function atomicphase_record", "function atomicphase_record",
-	"function atomicphase_record_first", "function atomicphase_record_resolution", "function atomicphase_record_unit", "function atomicphase_record_verdict", "function atomicphase_release", "function atomicphase_release", "function atomicphase_release",
-	"function atomicphase_renew", "function atomicphase_schedule",
-	"function atomicphase_stale_before", "function atomicphase_status_may_change", "function atomicphase_status_of", "function atomicphase_take",
-	"function atomicphase_unpark", "table atomicphase_audit", "table atomicphase_key_history", "table atomicphase_sweep_watermark", "table atomicphase_workflow_versions", "table idempotency_keys",
+	"function atomicphase_claim", "function atomicphase_held_until", "function atomicphase_key_delete", "function atomicphase_key_event",
+	"function atomicphase_key_table_fired", "function atomicphase_lock_expires", "function atomicphase_lock_takeable",
+	"function atomicphase_record", "function atomicphase_record", "function atomicphase_record", "function atomicphase_record_first",
+	"function atomicphase_record_resolution", "function atomicphase_record_unit", "function atomicphase_record_verdict",
+	"function atomicphase_refuse", "function atomicphase_release", "function atomicphase_release", "function atomicphase_release",
+	"function atomicphase_renew", "function atomicphase_schedule", "function atomicphase_stale_before", "function atomicphase_state_name",
+	"function atomicphase_take", "function atomicphase_unpark", "table atomicphase_audit", "table atomicphase_key_history",
+	"table atomicphase_sweep_watermark", "table atomicphase_workflow_versions", "table idempotency_keys",
 }
 
 // schemaObjects lists the atomicphase tables and functions in schema, from

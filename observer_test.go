@@ -238,8 +238,8 @@ func TestObserverSeesTheSweep(t *testing.T) {
 	_, err := b.runner.Run(b.ctx, wf, orderRequest("u", "k"))
 	require.ErrorIs(t, err, atomicphase.ErrCrashed)
 	// A key of a workflow this process does not know.
-	_, err = b.db.Pool.Exec(b.ctx, `INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state)
-		VALUES ('u', 'other', 'elsewhere', '\x00', 'POST', '/', '{}')`)
+	_, err = b.db.Pool.Exec(b.ctx, `INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, status)
+		VALUES ('u', 'other', 'elsewhere', '\x00', 'POST', '/', '{}', 'w')`)
 	require.NoError(t, err)
 	ageLocks(t, b)
 	rec.take()

@@ -55,8 +55,8 @@ func TestMigrateRefusesASchemaEveryRoleMayCreateIn(t *testing.T) {
 // Where a database was migrated with every role allowed to create objects
 // (MigrateOpts.AllowPublicCreate), the key table's own guard still names
 // every operator with its schema: an operator a stranger planted for it,
-// on the types it compares, never runs, when the migrating role parks a
-// key by hand.
+// on the types it compares, never runs, when the migrating role deletes a
+// parked key by hand.
 func TestTheKeyTriggersCallNothingAStrangerCanPlant(t *testing.T) {
 	t.Parallel()
 	atomicphasetest.SkipOnCitus(t, "the schema's grants are the coordinator's; the rule is a single node's")
@@ -94,9 +94,9 @@ func TestTheKeyTriggersCallNothingAStrangerCanPlant(t *testing.T) {
 		require.NoError(t, err, sql)
 	}
 	for _, sql := range []string{
-		`INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, locked_at)
-			VALUES ('s', 'k', 'w', '\x00', 'POST', '/', '\x00', now())`,
-		`UPDATE idempotency_keys SET locked_at = NULL, parked_at = now() WHERE idempotency_key = 'k'`,
+		`INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, parked_at, status)
+			VALUES ('s', 'k', 'w', '\x00', 'POST', '/', '\x00', now(), 'p')`,
+		`DELETE FROM idempotency_keys WHERE idempotency_key = 'k'`,
 	} {
 		_, err := db.Pool.Exec(ctx, sql)
 		require.NoError(t, err, sql)

@@ -78,11 +78,15 @@ func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *c
 	if err != nil {
 		return err
 	}
+	var event string
+	var eventArgs []any
 	if cp.point == RecoveryPointFinished && a.attempts > 1 {
 		// An earlier attempt may have failed: its error goes with the
-		// commit that stores the response (it may quote the client).
+		// commit that stores the response (it may quote the client), and
+		// the finish goes in the key's history, after the checkpoint.
 		clear, clearArgs := a.r.store.ClearLastError(a.scope, a.key, a.token)
 		tx.Queue(clear, clearArgs...)
+		event, eventArgs = a.r.store.FinishEvent(kc, a.attempts)
 	}
 	rec := a.rec
 	// A unit sent whole, in one implicit transaction, on one PostgreSQL.
@@ -122,6 +126,9 @@ func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *c
 			if !first {
 				b.Queue(sql, args...)
 			}
+			if event != "" {
+				b.Queue(event, eventArgs...)
+			}
 			if tx.guard {
 				b.Queue(guardClose)
 			}
@@ -137,6 +144,13 @@ func (a *attempt) commit(ctx context.Context, conn *pgx.Conn, tx *phaseTx, cp *c
 		if err == nil {
 			err = br.Close()
 		}
+	} else if event != "" {
+		// One batch, the event with the checkpoint (one PostgreSQL: the
+		// batch's implicit transaction commits both, or neither).
+		b := &pgx.Batch{}
+		b.Queue(sql, args...)
+		b.Queue(event, eventArgs...)
+		err = conn.SendBatch(ctx, b).Close()
 	} else {
 		_, err = conn.Exec(ctx, sql, args...)
 	}

@@ -297,16 +297,19 @@ func TestARoleThatMayWriteOnlyTheKeyTableGetsNoMore(t *testing.T) {
 // A role that wrote the key table before the history existed (a previous
 // release's, running while this one rolls out) keeps writing it: the
 // migration that adds the history grants it there what its writes of the
-// key table now need.
+// key table, through the library's functions, now need.
 func TestTheHistorysMigrationGrantsItToTheKeyTablesWriters(t *testing.T) {
 	t.Parallel()
 	atomicphasetest.SkipOnCitus(t, "the coordinator connects to the workers as the role it is set to, which needs a login there")
 	db := atomicphasetest.NewDB(t, &atomicphasetest.Options{SkipMigrations: true})
 	ctx := t.Context()
-	_, err := atomicphase.Migrate(ctx, db.Pool, &atomicphase.MigrateOpts{TargetVersion: 18})
+	_, err := atomicphase.Migrate(ctx, db.Pool, &atomicphase.MigrateOpts{TargetVersion: 16})
 	require.NoError(t, err)
 	role := fmt.Sprintf("old_writer_%d", time.Now().UnixNano())
-	for _, sql := range []string{`CREATE ROLE ` + role, `GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys TO ` + role} {
+	for _, sql := range []string{`CREATE ROLE ` + role,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys TO ` + role,
+		`INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, locked_at, lock_token)
+			VALUES ('driver_1', 'k', 'w', '\x00', 'POST', '/', '\x00', now(), 7)`} {
 		_, err := db.Pool.Exec(ctx, sql)
 		require.NoError(t, err)
 	}
@@ -318,9 +321,7 @@ func TestTheHistorysMigrationGrantsItToTheKeyTablesWriters(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 		for _, sql := range []string{`SET LOCAL ROLE ` + role,
-			`INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, locked_at)
-				VALUES ('driver_1', 'k', 'w', '\x00', 'POST', '/', '\x00', now())`,
-			`UPDATE idempotency_keys SET locked_at = NULL, parked_at = now() WHERE idempotency_key = 'k'`} {
+			`SELECT atomicphase_release('driver_1', 'k', 7, 'down', NULL, true, false, true, false)`} {
 			if _, err := tx.Exec(ctx, sql); err != nil {
 				return fmt.Errorf("%s: %w", sql, err)
 			}

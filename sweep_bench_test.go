@@ -29,13 +29,13 @@ func BenchmarkSweepRunOnce(b *testing.B) {
 	const finished, abandoned = 10_000, 100
 	_, err = db.Pool.Exec(ctx, `
 		INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path,
-		                              recovery_point, response_status, response_body, finished_at)
-		SELECT 'tenant_' || (i % 100), 'done-' || i, 'bench_sweep', '\x00', 'POST', '/', 'finished', 200, 'ok', now()
+		                              recovery_point, response_status, response_body, finished_at, status)
+		SELECT 'tenant_' || (i % 100), 'done-' || i, 'bench_sweep', '\x00', 'POST', '/', 'finished', 200, 'ok', now(), 'f'
 		FROM generate_series(1, $1) AS i`, finished)
 	require.NoError(b, err)
 	_, err = db.Pool.Exec(ctx, `
-		INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state)
-		SELECT 'tenant_' || (i % 100), 'open-' || i, 'bench_sweep', '\x00', 'POST', '/', '{}'
+		INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, status)
+		SELECT 'tenant_' || (i % 100), 'open-' || i, 'bench_sweep', '\x00', 'POST', '/', '{}', 'w'
 		FROM generate_series(1, $1) AS i`, abandoned)
 	require.NoError(b, err)
 	_, err = db.Pool.Exec(ctx, `ANALYZE idempotency_keys`)
@@ -46,7 +46,7 @@ func BenchmarkSweepRunOnce(b *testing.B) {
 	var total time.Duration
 	for b.Loop() {
 		b.StopTimer()
-		_, err := db.Pool.Exec(ctx, `UPDATE idempotency_keys SET recovery_point = 'started', response_status = NULL,
+		_, err := db.Pool.Exec(ctx, `UPDATE idempotency_keys SET recovery_point = 'started', response_status = NULL, status = 'w',
 			response_body = NULL, finished_at = NULL, state = '{}', next_attempt_at = created_at
 			WHERE idempotency_key LIKE 'open-%'`)
 		require.NoError(b, err)
@@ -74,8 +74,8 @@ func BenchmarkReap(b *testing.B) {
 		b.StopTimer()
 		_, err = db.Pool.Exec(ctx, `
 			INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path,
-			                              recovery_point, response_status, response_body, finished_at)
-			SELECT 'tenant_' || (i % 100), 'done-' || i, 'w', '\x00', 'POST', '/', 'finished', 200, 'ok', now() - interval '2 days'
+			                              recovery_point, response_status, response_body, finished_at, status)
+			SELECT 'tenant_' || (i % 100), 'done-' || i, 'w', '\x00', 'POST', '/', 'finished', 200, 'ok', now() - interval '2 days', 'f'
 			FROM generate_series(1, $1) AS i`, n)
 		require.NoError(b, err)
 		b.StartTimer()

@@ -192,8 +192,12 @@ func (r *Runner) announce(ctx context.Context) error {
 		// may be applied, or its function distributed, while this process
 		// runs.
 		if citus, first, err := r.store.Features(ctx, r.pool); err == nil {
+			// On one PostgreSQL a request's key writes are plain
+			// statements, and a new key's recording heads its unit
+			// (keystore's plain.go).
+			r.store.SetPlain(!citus)
 			r.implicitCommits.Store(!citus)
-			r.recordFirst.Store(first)
+			r.recordFirst.Store(first || !citus)
 		}
 	}
 	var errs []error

@@ -38,7 +38,7 @@ func benchConsole(b *testing.B) (*httptest.Server, string) {
 	_, err := db.Pool.Exec(ctx, `
 INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path,
     recovery_point, state, response_status, response_header, response_body, created_at, updated_at, finished_at,
-    parked_at, unknown_at, last_error, next_attempt_at)
+    parked_at, unknown_at, last_error, next_attempt_at, status)
 SELECT 'tenant_' || (i % 1000), 'key-' || i, (ARRAY['checkout','payout','refund'])[1 + i % 3], '\x00'::bytea, 'POST', '/rides',
     CASE WHEN i % 100 = 0 THEN 'started' ELSE 'finished' END, '{"amount": 1200}',
     CASE WHEN i % 100 = 0 THEN NULL ELSE 201 END,
@@ -48,7 +48,8 @@ SELECT 'tenant_' || (i % 1000), 'key-' || i, (ARRAY['checkout','payout','refund'
     CASE WHEN i % 400 = 0 THEN t END, CASE WHEN i % 400 = 100 THEN t END,
     CASE WHEN i % 100 = 0 THEN 'phase "charge": card declined' END,
     -- an unfinished key that failed, or that the sweep's watermark passed, is due
-    CASE WHEN i % 100 = 0 AND i % 400 <> 0 THEN t END
+    CASE WHEN i % 100 = 0 AND i % 400 <> 0 THEN t END,
+    CASE WHEN i % 100 <> 0 THEN 'f' WHEN i % 400 = 0 THEN 'p' WHEN i % 400 = 100 THEN 'u' ELSE 'w' END
 FROM generate_series(1, $1::int) AS i, LATERAL (SELECT now() - ($1::int - i) * interval '1 second' AS t) AS c`, n)
 	require.NoError(b, err)
 	_, err = db.Pool.Exec(ctx, `ANALYZE idempotency_keys`)
@@ -107,14 +108,15 @@ func BenchmarkConsoleLargeRows(b *testing.B) {
 	_, err := db.Pool.Exec(ctx, `
 INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path,
     recovery_point, state, response_status, response_header, response_body, created_at, updated_at, finished_at,
-    parked_at, last_error)
+    parked_at, last_error, status)
 SELECT 'tenant', 'key-' || i, 'big', '\x00'::bytea, 'POST', '/big', CASE WHEN i % 2 = 0 THEN 'started' ELSE 'finished' END,
     CASE WHEN i % 2 = 0 THEN convert_to('{"blob": "' || repeat('x', 1 << 20) || '"}', 'UTF8') END,
     CASE WHEN i % 2 = 1 THEN 201 END,
     CASE WHEN i % 2 = 1 THEN '{"Content-Type": ["application/octet-stream"]}'::jsonb END,
     CASE WHEN i % 2 = 1 THEN convert_to(repeat('y', 1 << 20), 'UTF8') END,
     now() - (96 - i) * interval '1 second', now(), CASE WHEN i % 2 = 1 THEN now() END,
-    CASE WHEN i % 2 = 0 THEN now() END, CASE WHEN i % 2 = 0 THEN 'phase "charge": card declined' END
+    CASE WHEN i % 2 = 0 THEN now() END, CASE WHEN i % 2 = 0 THEN 'phase "charge": card declined' END,
+    CASE WHEN i % 2 = 0 THEN 'p' ELSE 'f' END
 FROM generate_series(1, 96) AS i`)
 	require.NoError(b, err)
 	runner, err := atomicphase.NewRunner(db.Pool, nil)

@@ -16,7 +16,7 @@ import (
 func TestEveryScreenCountsAParkedUnknownKeyAlike(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET parked_at = now() WHERE idempotency_key = 'unknown-1'`)
+	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET parked_at = now(), status = 'p' WHERE idempotency_key = 'unknown-1'`)
 	require.NoError(t, err)
 	k := b.inspect(t, "frank", "unknown-1")
 	require.Equal(t, atomicphase.KeyParked, k.Status)

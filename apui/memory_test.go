@@ -15,11 +15,12 @@ func (b *testBundle) plantLargeRows(t *testing.T, n int) {
 	t.Helper()
 	_, err := b.db.Pool.Exec(b.ctx, `
 INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path,
-    recovery_point, state, response_status, response_body, created_at, updated_at, finished_at, parked_at)
+    recovery_point, state, response_status, response_body, created_at, updated_at, finished_at, parked_at, status)
 SELECT 'big', 'key-' || i, 'big', '\x00'::bytea, 'POST', '/big', CASE WHEN i % 2 = 0 THEN 'started' ELSE 'finished' END,
     CASE WHEN i % 2 = 0 THEN convert_to('{"blob": "' || repeat('x', 1 << 20) || '"}', 'UTF8') END,
     CASE WHEN i % 2 = 1 THEN 201 END, CASE WHEN i % 2 = 1 THEN convert_to(repeat('y', 1 << 20), 'UTF8') END,
-    now(), now(), CASE WHEN i % 2 = 1 THEN now() END, CASE WHEN i % 2 = 0 THEN now() END
+    now(), now(), CASE WHEN i % 2 = 1 THEN now() END, CASE WHEN i % 2 = 0 THEN now() END,
+    CASE WHEN i % 2 = 0 THEN 'p' ELSE 'f' END
 FROM generate_series(1, $1::int) AS i`, n)
 	require.NoError(t, err)
 }

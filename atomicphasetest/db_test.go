@@ -17,8 +17,8 @@ func TestNewDBIsMigratedAndIsolated(t *testing.T) {
 	b := NewDB(t, nil)
 	require.NotEqual(t, a.Name, b.Name)
 	ctx := context.Background()
-	_, err := a.Pool.Exec(ctx, `INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state)
-		VALUES ('s', 'k', 'w', '\x00', 'POST', '/', '{}')`)
+	_, err := a.Pool.Exec(ctx, `INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, status)
+		VALUES ('s', 'k', 'w', '\x00', 'POST', '/', '{}', 'w')`)
 	require.NoError(t, err, "the database is migrated")
 	var n int
 	require.NoError(t, b.Pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys").Scan(&n))

@@ -74,7 +74,7 @@ func TestForgetRefusals(t *testing.T) {
 func TestForgetUnsettled(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.exec(t, `UPDATE idempotency_keys SET unknown_at = now() WHERE idempotency_key = 'parked-1'`)
+	b.exec(t, `UPDATE idempotency_keys SET unknown_at = now(), status = CASE WHEN status = 'w' THEN 'u' ELSE status END WHERE idempotency_key = 'parked-1'`)
 
 	res := b.run(t, "forget", "--yes", "bob", "parked-1")
 	require.Equal(t, exitFailure, res.code)

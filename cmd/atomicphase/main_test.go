@@ -112,7 +112,7 @@ func setup(t *testing.T) *testBundle {
 			t.Fatal("the blocked foreign calls did not start")
 		}
 	}
-	b.exec(t, `UPDATE idempotency_keys SET locked_at = now() - interval '1 hour', next_attempt_at = created_at WHERE idempotency_key = 'stale-1'`)
+	b.exec(t, `UPDATE idempotency_keys SET locked_at = now() - interval '1 hour', next_attempt_at = created_at, status = 'r' WHERE idempotency_key = 'stale-1'`)
 	// The failed key rests in its backoff however slowly this ran: the
 	// backoff after a first failure is a second at most.
 	b.exec(t, `UPDATE idempotency_keys SET next_attempt_at = now() + interval '1 hour' WHERE idempotency_key = 'abandoned-1'`)

@@ -11,7 +11,7 @@ func TestResolve(t *testing.T) {
 	b := setup(t)
 	// As if their calls' outcomes were unknown (the fixture's phases have
 	// no reconcile function, for which resolve is refused).
-	b.exec(t, `UPDATE idempotency_keys SET unknown_at = now() WHERE idempotency_key IN ('abandoned-1', 'parked-1')`)
+	b.exec(t, `UPDATE idempotency_keys SET unknown_at = now(), status = CASE WHEN status = 'w' THEN 'u' ELSE status END WHERE idempotency_key IN ('abandoned-1', 'parked-1')`)
 	res := b.run(t, "resolve", "bob", "abandoned-1", "--not-happened", "--note", "no such transfer at the bank (ops: ana)", "--yes")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Contains(t, res.stdout, "verdict recorded (did not happen: the call will be made)")
@@ -74,7 +74,7 @@ func TestResolveRefusals(t *testing.T) {
 func TestResolveAsksFirst(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.exec(t, `UPDATE idempotency_keys SET unknown_at = now() WHERE idempotency_key = 'abandoned-1'`)
+	b.exec(t, `UPDATE idempotency_keys SET unknown_at = now(), status = CASE WHEN status = 'w' THEN 'u' ELSE status END WHERE idempotency_key = 'abandoned-1'`)
 	res := b.runInput(t, "n\n", "resolve", "bob", "abandoned-1", "--happened", "--note", "portal")
 	require.Equal(t, exitFailure, res.code)
 	require.Contains(t, res.stderr, "it will not be made again? [y/N]")

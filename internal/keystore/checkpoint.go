@@ -68,7 +68,25 @@ func (s *Store) Checkpoint(cp *Checkpoint) (sql string, args []any) {
 		// every pgx query exec mode, the simple protocol included.
 		args[6], args[7], args[8] = *cp.Status, cp.Header, body
 	}
+	if s.plain.Load() {
+		return s.sql.plainCheckpoint, args
+	}
 	return s.sql.checkpoint, args
+}
+
+// FinishEvent returns the statement that writes, with the commit that
+// finishes a key that went wrong (an earlier attempt failed, or a verdict
+// was taken), the finish in its history, and its arguments, for the caller
+// to queue after the checkpoint. The plain checkpoint writes none (a
+// request that succeeds first time pays for nothing it does not use); the
+// function writes it itself (it knows the key's attempts), and then this
+// returns "".
+func (s *Store) FinishEvent(cp *Checkpoint, attempts int) (sql string, args []any) {
+	if !s.plain.Load() {
+		return "", nil
+	}
+	scope, key := cp.Args.scopeKey(cp.Scope, cp.Key)
+	return s.sql.keyEvent, []any{scope, key, "finished", "r", "f", cp.point(), attempts, cp.Args.token(cp.Token)}
 }
 
 // takeVerdictSQL takes, once, an operator's verdict recorded for the phase

@@ -34,6 +34,7 @@ var citusFunctions = []struct {
 	{"atomicphase_release(text, text, bigint, text, bigint, boolean, boolean, boolean, boolean)", false, false},
 	{"atomicphase_unpark(text, text)", false, false},
 	{"atomicphase_schedule(text, text, boolean)", false, false},
+	{`atomicphase_key_event(text, text, text, "char", "char", text, integer, bigint, text)`, false, false},
 	{"atomicphase_record_resolution(text, text, boolean, text, bigint)", false, false},
 	{"atomicphase_admit(text, text, text, bytea, text, text, bytea, bigint, bigint, integer)", false, false},
 	{"atomicphase_record_verdict(text, text, boolean, text, bigint, jsonb)", false, false},

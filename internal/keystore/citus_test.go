@@ -137,6 +137,11 @@ func TestStatementsAreCitusCompatible(t *testing.T) {
 		distributed[f.signature[:strings.IndexByte(f.signature, '(')]] = true
 	}
 	for name, sql := range stmts {
+		if strings.HasPrefix(name, "plain") || name == "keyEventSQL" {
+			// Sent on one PostgreSQL only (Store.SetPlain): on Citus the
+			// functions they are named after stand in for them.
+			continue
+		}
 		if modifiesKeys.MatchString(sql) && !timeInSubquery[name] {
 			require.NotRegexp(t, timeCall, sql,
 				"%s writes the key table directly, so it must take no time (nor draw at random): on Citus "+

@@ -70,14 +70,13 @@ const (
 // statusSQL computes a key's status in SQL ($3 is the lock timeout in µs,
 // which judges only rows whose lease an older release wrote without its
 // length).
-const statusSQL = `CASE
-    WHEN response_status IS NOT NULL THEN 'finished'
-    WHEN parked_at IS NOT NULL THEN 'parked'
-    WHEN unknown_at IS NOT NULL AND locked_at IS NULL THEN 'unknown'
-    WHEN locked_at IS NULL AND call_until >= now() THEN 'in_progress'
-    WHEN locked_at IS NULL THEN 'abandoned'
-    WHEN /* TEMPLATE: schema */atomicphase_held_until(locked_at, lease_us, call_until, $3) < now() THEN 'stale'
-    ELSE 'in_progress' END`
+const statusSQL = `CASE status
+    WHEN 'f' THEN 'finished'
+    WHEN 'p' THEN 'parked'
+    WHEN 'u' THEN 'unknown'
+    WHEN 'w' THEN CASE WHEN call_until >= now() THEN 'in_progress' ELSE 'abandoned' END
+    ELSE CASE WHEN /* TEMPLATE: schema */atomicphase_held_until(locked_at, lease_us, call_until, $3) < now() THEN 'stale'
+              ELSE 'in_progress' END END`
 
 // unsettledSQL is true while an unfinished key may have paid: the outcome
 // of its foreign call is unknown (unknown_at, cleared only by the

@@ -373,6 +373,10 @@ var ErrNotRecorded = errors.New("atomicphase: the key was recorded meanwhile")
 // NewRecording makes the recording of req's key (req.MaxUnfinished is not
 // applied: a recording that rides in a transaction is not counted).
 func (s *Store) NewRecording(req *Request) *Recording {
+	if s.plain.Load() {
+		return &Recording{sql: s.sql.record, claim: s.sql.plainClaim, final: s.sql.plainRecordUnit, recordFirst: s.sql.plainRecordFirst,
+			req: req, lease: s.lockTimeoutArg}
+	}
 	return &Recording{sql: s.sql.record, claim: s.sql.claim, final: s.sql.recordUnit, recordFirst: s.sql.recordFirst,
 		req: req, lease: s.lockTimeoutArg}
 }
@@ -688,7 +692,11 @@ func (s *Store) Renew(ctx context.Context, db DB, scope, key string, token int64
 		us := callFor.Microseconds()
 		callUS = &us
 	}
-	tag, err := db.Exec(ctx, s.sql.renew, scope, key, token, s.lockTimeoutArg, callUS)
+	sql := s.sql.renew
+	if s.plain.Load() {
+		sql = s.sql.plainRenew
+	}
+	tag, err := db.Exec(ctx, sql, scope, key, token, s.lockTimeoutArg, callUS)
 	return tag.RowsAffected() == 1, err
 }
 

@@ -128,11 +128,11 @@ func TestSweepStatementsReadOnlyWhatIsDue(t *testing.T) {
 	atomicphasetest.SkipOnCitus(t, "the workers plan the shards' statements")
 	db := atomicphasetest.NewDB(t, nil)
 	_, err := db.Pool.Exec(t.Context(), `
-		INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, next_attempt_at)
-		SELECT 's' || (i % 500), 'k' || i, 'w', '\x00', 'POST', '/', '{}', now() + interval '1 hour' FROM generate_series(1, 50000) i;
+		INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state, next_attempt_at, status)
+		SELECT 's' || (i % 500), 'k' || i, 'w', '\x00', 'POST', '/', '{}', now() + interval '1 hour', 'w' FROM generate_series(1, 50000) i;
 		INSERT INTO idempotency_keys (scope, idempotency_key, workflow, fingerprint, request_method, request_path, state,
-		                              recovery_point, response_status, finished_at)
-		SELECT 'f' || (i % 500), 'k' || i, 'w', '\x00', 'POST', '/', '{}', 'finished', 200, now() FROM generate_series(1, 100000) i;
+		                              recovery_point, response_status, finished_at, status)
+		SELECT 'f' || (i % 500), 'k' || i, 'w', '\x00', 'POST', '/', '{}', 'finished', 200, now(), 'f' FROM generate_series(1, 100000) i;
 		ANALYZE idempotency_keys`)
 	require.NoError(t, err)
 	args := strings.NewReplacer("$1", "'{w}'", "$2", "90000000", "$3", "50", "$4", "5", "$5", "'{}'", "$6", "'{}'")

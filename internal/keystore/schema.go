@@ -43,6 +43,11 @@ var schemaObjects = []struct{ kind, name string }{
 	{"function", "atomicphase_record_unit(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)"},
 	{"table", "atomicphase_sweep_watermark"},
 	{"function", "atomicphase_schedule(text, text, boolean)"},
+	{"column", "idempotency_keys.status"},
+	{"table", "atomicphase_key_history"},
+	{"function", "atomicphase_refuse(text, text)"},
+	{"function", `atomicphase_key_event(text, text, text, "char", "char", text, integer, bigint, text)`},
+	{"function", "atomicphase_record_first(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)"},
 	{"index", "idempotency_keys_waiting_idx"},
 	{"index", "idempotency_keys_parked_idx"},
 }

@@ -19,6 +19,7 @@ package keystore
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -69,7 +70,19 @@ type Store struct {
 	// recordFirstName is atomicphase_record_first's signature in this
 	// schema, for Features.
 	recordFirstName string
+	// plain is set once the database is known to be one PostgreSQL (not
+	// Citus): a request's own writes of its key are then plain statements
+	// (plain.go) rather than the functions of the same names.
+	plain atomic.Bool
 }
+
+// SetPlain says whether the database is one PostgreSQL, whose key writes on
+// a request's path are plain statements (plain.go), or Citus (or not known
+// yet), where the functions stand in for them.
+func (s *Store) SetPlain(plain bool) { s.plain.Store(plain) }
+
+// Plain reports what SetPlain said last.
+func (s *Store) Plain() bool { return s.plain.Load() }
 
 // statements are the statements rendered once for the Store's schema.
 type statements struct {
@@ -80,7 +93,8 @@ type statements struct {
 	recordAudit, auditTrail, history,
 	versionOf, announce, versionDrained, reclaimVersion, deployed, otherVersions, versionKeys, versions, undoAttempt,
 	claim, recordUnit, recordFirst,
-	watermark, planWatermark, passed, markPassed, moveWatermark string
+	watermark, planWatermark, passed, markPassed, moveWatermark,
+	plainRecordFirst, plainRecordUnit, plainClaim, plainCheckpoint, plainRenew, keyEvent string
 }
 
 // New returns the Store for schema ("" for the search_path) and lockTimeout.
@@ -136,6 +150,12 @@ func New(schema string, lockTimeout time.Duration) *Store {
 		passed:           r(passedSQL),
 		markPassed:       r(markPassedSQL),
 		moveWatermark:    r(moveWatermarkSQL),
+		plainRecordFirst: r(plainRecordFirstSQL),
+		plainRecordUnit:  r(plainRecordUnitSQL),
+		plainClaim:       r(plainClaimSQL),
+		plainCheckpoint:  r(plainCheckpointSQL),
+		plainRenew:       r(plainRenewSQL),
+		keyEvent:         r(keyEventSQL),
 	}}
 }
 

@@ -40,8 +40,15 @@ const previousRelease = "1c64a1cdea0e9abdd4dee47c49d378c120eedf91"
 // stores "due at once" (next_attempt_at NULL then, the present since
 // migration 016, so that the sweep reads the key from the index of keys
 // that went wrong): a representation, not a behaviour, which the
-// previous release's sweep reads either way.
-const skipped = `^(TestMigrate.*|TestMigration.*|TestRecordResolutionByHand|TestMigrationsGoDownAndUpAgain|TestLaterMigrationsGoDownAndUpAgain|TestCheckSchema.*|TestUnmigratedDatabaseIsSchemaMissing|TestSchema.*|TestConfigSchema.*|TestMigrationsRenderTheSchema|ExampleMigrate)$`
+// previous release's sweep reads either way. TestObserverSeesTheSweep and
+// TestStaleLockIsTakenOver write a key's columns by hand (a row inserted,
+// a lock set) without the state this schema stores with every key, which
+// the previous release's own writes, through its functions, keep. And
+// TestReconcileFailingForAWhileSendsNothing expects a client's retry
+// during a reconciliation's backoff to reconcile again: this schema holds
+// such a key until its backoff ends, for either release's retries (a 409
+// either way; the retry counts no attempt).
+const skipped = `^(TestMigrate.*|TestMigration.*|TestRecordResolutionByHand|TestMigrationsGoDownAndUpAgain|TestLaterMigrationsGoDownAndUpAgain|TestCheckSchema.*|TestUnmigratedDatabaseIsSchemaMissing|TestSchema.*|TestConfigSchema.*|TestMigrationsRenderTheSchema|ExampleMigrate|TestObserverSeesTheSweep|TestStaleLockIsTakenOver|TestReconcileFailingForAWhileSendsNothing)$`
 
 func TestPreviousReleaseRunsOnThisSchema(t *testing.T) {
 	if os.Getenv("ATOMICPHASE_TEST_PREVIOUS_RELEASE") == "" {
