@@ -248,14 +248,14 @@ func TestPermanentErrorParksTheKey(t *testing.T) {
 
 	broken.Store(false)
 	for range 5 {
-		_, err = b.runner.Run(b.ctx, wf, req)
+		_, err = b.runner.Run(b.ctx, wf, asRetry(req))
 		require.ErrorIs(t, err, atomicphase.ErrParked)
 		require.ErrorIs(t, err, atomicphase.ErrPermanent)
 		require.False(t, atomicphase.Retryable(err))
 	}
 	require.EqualValues(t, 1, calls.Load(), "a parked key's retry runs nothing")
 	require.NoError(t, b.runner.Unpark(b.ctx, "u", "k"))
-	resp, err := b.runner.Run(b.ctx, wf, req)
+	resp, err := b.runner.Run(b.ctx, wf, asRetry(req))
 	require.NoError(t, err)
 	require.Equal(t, 200, resp.Status)
 	require.EqualValues(t, 2, calls.Load())
@@ -333,7 +333,7 @@ func TestConstraintViolationIsTheRequestsAnswer(t *testing.T) {
 			resp, err := b.runner.Run(b.ctx, wf, req)
 			require.NoError(t, err)
 			require.Equal(t, 422, resp.Status)
-			again, err := b.runner.Run(b.ctx, wf, req)
+			again, err := b.runner.Run(b.ctx, wf, asRetry(req))
 			require.NoError(t, err)
 			require.True(t, again.Replayed)
 			require.Equal(t, resp.Body, again.Body)

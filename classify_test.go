@@ -101,10 +101,14 @@ func TestDriverEncodeErrorParksWithItsFix(t *testing.T) {
 	require.Contains(t, parkedWhy[0], "fix:")
 	mu.Unlock()
 	for range 10 {
-		_, err := b.runner.Run(b.ctx, wf, req)
+		_, err := b.runner.Run(b.ctx, wf, asRetry(req))
 		require.ErrorIs(t, err, atomicphase.ErrParked)
 	}
 	require.Equal(t, 1, runs)
+	// Unmarked, a retry's phase starts ahead of the key's read, and its
+	// first statement stops it: nothing is written either.
+	_, err = b.runner.Run(b.ctx, wf, req)
+	require.ErrorIs(t, err, atomicphase.ErrParked)
 	require.Zero(t, b.count(t, `SELECT count(*) FROM effects`))
 }
 
@@ -130,8 +134,10 @@ func TestKeyParkedAfterItsAttemptsIsResumedByClientsOnly(t *testing.T) {
 		}),
 	}, nil)
 	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/d"}
-	for range 3 {
-		_, err := b.runner.Run(b.ctx, wf, req)
+	for i := range 3 {
+		r := req
+		r.Retry = i > 0
+		_, err := b.runner.Run(b.ctx, wf, r)
 		require.True(t, atomicphase.Retryable(err), "a transient failure is retryable: %v", err)
 	}
 	info, err := b.runner.Inspect(b.ctx, "u", "k")
@@ -146,11 +152,11 @@ func TestKeyParkedAfterItsAttemptsIsResumedByClientsOnly(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 3, runs.Load(), "the sweep leaves a parked key alone")
 
-	_, err = b.runner.Run(b.ctx, wf, req)
+	_, err = b.runner.Run(b.ctx, wf, asRetry(req))
 	require.True(t, atomicphase.Retryable(err), "still down: retryable, %v", err)
 	require.EqualValues(t, 4, runs.Load(), "a client retry runs one attempt")
 	down.Store(false)
-	resp, err := b.runner.Run(b.ctx, wf, req)
+	resp, err := b.runner.Run(b.ctx, wf, asRetry(req))
 	require.NoError(t, err)
 	require.Equal(t, "done", string(resp.Body), "the downstream is back: the client's retry finishes the key")
 	require.EqualValues(t, 5, runs.Load())

@@ -67,7 +67,7 @@ func runInSchema(t *testing.T, b *testBundle, runner *atomicphase.Runner, schema
 	require.Equal(t, 201, resp.Status)
 	require.False(t, resp.Replayed)
 
-	replay, err := runner.Run(b.ctx, wf, orderRequest("u", "k"))
+	replay, err := runner.Run(b.ctx, wf, asRetry(orderRequest("u", "k")))
 	require.NoError(t, err)
 	require.True(t, replay.Replayed)
 	require.Equal(t, resp.Body, replay.Body)

@@ -84,14 +84,18 @@ func TestForeignKeyViolationIsAFinal422(t *testing.T) {
 	if !atomicphasetest.OnCitus() { // a worker's error reaches the client without the table's name
 		require.Equal(t, "orders", problem["table"])
 	}
-	for range 30 {
-		resp, err := b.runner.Run(b.ctx, wf, req)
+	for i := range 30 {
+		// Half of them marked as retries (Request.Retry): those run no
+		// phase; the others' first unit is built and dropped unsent.
+		retry := req
+		retry.Retry = i%2 == 0
+		resp, err := b.runner.Run(b.ctx, wf, retry)
 		require.NoError(t, err)
 		require.True(t, resp.Replayed)
 		require.Equal(t, 422, resp.Status)
 		require.Equal(t, first.Body, resp.Body)
 	}
-	require.Equal(t, 1, runs, "the phase ran once")
+	require.Equal(t, 1+15, runs, "the phase ran once, and was built by each unmarked retry")
 	info, err := b.runner.Inspect(b.ctx, "u", "k")
 	require.NoError(t, err)
 	require.Equal(t, atomicphase.KeyFinished, info.Status)
@@ -107,11 +111,13 @@ func TestForeignKeyRetriesAreBounded(t *testing.T) {
 	runs := 0
 	wf := buyWorkflow(&runs, 2)
 	for i := range 2 {
-		_, err := b.runner.Run(b.ctx, wf, buyRequest("late", 7, 1))
+		req := buyRequest("late", 7, 1)
+		req.Retry = i > 0
+		_, err := b.runner.Run(b.ctx, wf, req)
 		require.Error(t, err, "attempt %d", i+1)
 		require.True(t, atomicphase.Retryable(err), "attempt %d: a race worth retrying", i+1)
 	}
-	resp, err := b.runner.Run(b.ctx, wf, buyRequest("late", 7, 1))
+	resp, err := b.runner.Run(b.ctx, wf, asRetry(buyRequest("late", 7, 1)))
 	require.NoError(t, err)
 	require.Equal(t, 422, resp.Status, "past its bound, the violation is final")
 	require.Equal(t, 3, runs)

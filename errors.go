@@ -102,6 +102,15 @@ var (
 	// which fails and rolls the transaction back, or a ROLLBACK. The key is
 	// parked, as for any programming error.
 	ErrPhaseTxEscaped = errors.New("atomicphase: the phase's transaction was ended through Tx.Conn")
+
+	// ErrDiscarded ends the span of a phase (Observer.StartSpan) whose code
+	// ran before its key's read answered, on a request that did not say it
+	// was a retry (Request.Retry), and whose key turned out to be another
+	// request's (a finished key's replay, a key held or recorded
+	// meanwhile) or not to be recordable (the key table missing). Nothing the phase queued ran and nothing it did was kept; the request
+	// is answered as the key is found. It is no failure of the phase, and
+	// Run never returns it.
+	ErrDiscarded = errors.New("atomicphase: the phase ran before its key was read and its key was another request's; nothing of it was kept")
 )
 
 // ErrParked is Run's answer to a retry of a key parked by a permanent

@@ -58,9 +58,9 @@ func (a *attempt) failed(pr phaseRun, err error) {
 		return
 	}
 	if errors.Is(err, keystore.ErrNotRecorded) {
-		// The key was another's (WorkflowOpts.AssumeNewKeys ran the
-		// phase before that was known): no phase of this request failed.
-		pr.end(err)
+		// The key was another's (the phase ran before that was known,
+		// queued behind the key's read): no phase of this request failed.
+		pr.end(ErrDiscarded)
 		return
 	}
 	a.r.observe(pr.ctx, Event{Kind: EventPhaseFailed, Workflow: a.wf.Name(), Scope: a.scope, Key: a.key, Phase: pr.name, Duration: time.Since(pr.start), Err: err})
@@ -128,7 +128,10 @@ func (a *attempt) loop(ctx context.Context, idx int, state []byte) (*Response, e
 // explains the key as it is. A failure that refused the request's own data
 // ends the request with its final answer instead (answerRefusal).
 func (a *attempt) failUnit(ctx context.Context, first int, state []byte, ue *unitError) (*Response, error) {
-	if errors.Is(ue.err, keystore.ErrNotRecorded) || errors.Is(ue.err, ErrCrashed) {
+	var missing *keystore.StoreMissingError
+	if errors.Is(ue.err, keystore.ErrNotRecorded) || errors.Is(ue.err, ErrCrashed) || errors.As(ue.err, &missing) {
+		// (No key store: nothing ran, nothing is recorded; the request
+		// fails closed, runNew says so.)
 		return nil, ue.err
 	}
 	switch ours, err := a.recordAlone(ctx); {
@@ -213,7 +216,8 @@ func (a *attempt) recordAlone(ctx context.Context) (ours bool, err error) {
 func (a *attempt) runUnit(ctx context.Context, idx int, state []byte, first phaseRun) (phaseResult, *unitError) {
 	for try := 0; ; try++ {
 		res, ue := a.unit(ctx, idx, state, first, true)
-		if ue == nil || errors.Is(ue.err, keystore.ErrNotRecorded) {
+		var missing *keystore.StoreMissingError
+		if ue == nil || errors.Is(ue.err, keystore.ErrNotRecorded) || errors.As(ue.err, &missing) {
 			return res, ue
 		}
 		switch a.classifyUnit(ue) {

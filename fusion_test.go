@@ -467,5 +467,34 @@ func TestUnpreparableStatementIsNotAClaimRefusal(t *testing.T) {
 	require.NoError(t, b.runner.RecordVersions(b.ctx))
 	_, err := b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/x"})
 	require.Error(t, err)
+	require.ErrorContains(t, err, "no_such_table", "the statement's own error")
 	require.Equal(t, int32(1), runs.Load(), "the phase ran once")
+}
+
+// A finished key's retry, unmarked, is answered from the store even when
+// the first unit's statements, built ahead of the key's read, can no
+// longer be prepared (the code changed since, or a table went away): the
+// read's answer is the request's, and the batch's failure is not.
+func TestAFinishedKeysReplayIsItsAnswerWhenItsUnitCannotBePrepared(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	type st struct{}
+	table := "effects"
+	wf := atomicphase.MustWorkflow("changing", startEmpty[st], []atomicphase.Phase[st]{
+		atomicphase.Local("write", func(ctx context.Context, tx atomicphase.Tx, _ *st) (atomicphase.Outcome, error) {
+			tx.Queue(`INSERT INTO ` + table + ` (scope, key, phase) VALUES ('u', 'k', 'write')`)
+			return atomicphase.Respond(201, []byte("done")), nil
+		}),
+	}, nil)
+	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/x"}
+	first, err := b.runner.Run(b.ctx, wf, req)
+	require.NoError(t, err)
+	table = "no_such_table"
+	for range 2 {
+		resp, err := b.runner.Run(b.ctx, wf, req)
+		require.NoError(t, err)
+		require.True(t, resp.Replayed)
+		require.Equal(t, first.Body, resp.Body)
+	}
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
 }

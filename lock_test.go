@@ -154,7 +154,7 @@ func TestStaleLockIsTakenOver(t *testing.T) {
 	const lockTimeout = time.Minute
 	takers := map[string]func(b *testBundle, wf atomicphase.AnyWorkflow) (*atomicphase.Response, error){
 		"Run": func(b *testBundle, wf atomicphase.AnyWorkflow) (*atomicphase.Response, error) {
-			return b.runner.Run(b.ctx, wf, orderRequest("u", "k"))
+			return b.runner.Run(b.ctx, wf, asRetry(orderRequest("u", "k")))
 		},
 		"Resume": func(b *testBundle, _ atomicphase.AnyWorkflow) (*atomicphase.Response, error) {
 			return b.runner.Resume(b.ctx, "u", "k")

@@ -223,3 +223,11 @@ func shopWorkflow(chargesMade *atomic.Int32) *atomicphase.Workflow[shopState] {
 		}),
 	}, nil)
 }
+
+// asRetry is req marked as its client's retry (Request.Retry), as aphttp's
+// Client marks every attempt after its first: its key is read first, and
+// a key that turns out to exist runs no phase function at all.
+func asRetry(req atomicphase.Request) atomicphase.Request {
+	req.Retry = true
+	return req
+}

@@ -341,7 +341,8 @@ func TestUnmigratedDatabaseIsSchemaMissing(t *testing.T) {
 	require.ErrorIs(t, err, atomicphase.ErrSchemaMissing)
 	require.ErrorContains(t, err, "atomicphase.Migrate")
 	require.False(t, errors.Is(err, atomicphase.ErrStoreUnavailable))
-	require.Zero(t, c.create.Load()+c.charge.Load()+c.finish.Load(), "no phase ran")
+	require.Zero(t, c.charge.Load()+c.finish.Load(), "no phase after the first ran, no foreign call")
+	require.Zero(t, b.count(t, "SELECT count(*) FROM effects"), "nothing of the first reached the database")
 
 	_, err = b.runner.Resume(b.ctx, "u", "k")
 	require.ErrorIs(t, err, atomicphase.ErrSchemaMissing)

@@ -127,11 +127,10 @@ func TestPermanentFailureOnTheLastAttemptStaysParked(t *testing.T) {
 		}),
 	}, nil)
 	req := atomicphase.Request{Scope: "u", Key: "k", Method: "POST", Path: "/p"}
-	for range 2 {
-		_, _ = b.runner.Run(b.ctx, wf, req)
-	}
+	_, _ = b.runner.Run(b.ctx, wf, req)
+	_, _ = b.runner.Run(b.ctx, wf, asRetry(req))
 	for range 3 {
-		_, err := b.runner.Run(b.ctx, wf, req)
+		_, err := b.runner.Run(b.ctx, wf, asRetry(req))
 		require.ErrorIs(t, err, atomicphase.ErrParked)
 	}
 	require.EqualValues(t, 2, runs.Load(), "nothing ran after the permanent failure")

@@ -81,7 +81,7 @@ func TestWorkflowThroughPgBouncer(t *testing.T) {
 			resp, err := b.runner.Run(b.ctx, wf, orderRequest("u", "new"))
 			require.NoError(t, err)
 			require.Equal(t, 201, resp.Status)
-			replay, err := b.runner.Run(b.ctx, wf, orderRequest("u", "new"))
+			replay, err := b.runner.Run(b.ctx, wf, asRetry(orderRequest("u", "new")))
 			require.NoError(t, err)
 			require.True(t, replay.Replayed)
 			require.Equal(t, resp.Body, replay.Body)
@@ -91,7 +91,7 @@ func TestWorkflowThroughPgBouncer(t *testing.T) {
 			// Same key, another request: refused, nothing changes.
 			other := orderRequest("u", "new")
 			other.Params = []byte(`{"item": "rocket", "quantity": 2}`)
-			_, err = b.runner.Run(b.ctx, wf, other)
+			_, err = b.runner.Run(b.ctx, wf, asRetry(other))
 			require.ErrorIs(t, err, atomicphase.ErrFingerprintMismatch)
 
 			// A phase error rolls back and unlocks; the retry resumes there.
@@ -109,7 +109,7 @@ func TestWorkflowThroughPgBouncer(t *testing.T) {
 			mu.Lock()
 			failCharge = false
 			mu.Unlock()
-			resp, err = b.runner.Run(b.ctx, wf, orderRequest("u", "resume"))
+			resp, err = b.runner.Run(b.ctx, wf, asRetry(orderRequest("u", "resume")))
 			require.NoError(t, err)
 			require.Equal(t, 201, resp.Status)
 			require.False(t, resp.Replayed)

@@ -190,7 +190,7 @@ func (t *phaseTx) sendBatch(ctx context.Context, mayBegin bool, tail func(*pgx.B
 	}
 	if rec != nil {
 		if err := rec.Read(br); err != nil {
-			return nil, closeAfter(br, err)
+			return nil, rec.Resolve(ctx, t.conn, closeAfter(br, err))
 		}
 	}
 	for _, q := range queue {
@@ -338,7 +338,9 @@ func (t *phaseTx) Begin(ctx context.Context) (pgx.Tx, error) {
 func (t *phaseTx) LargeObjects() pgx.LargeObjects {
 	if err := t.flush(context.Background()); err != nil {
 		t.err = err
-		return pgx.LargeObjects{}
+		if t.fence(context.Background()); t.tx == nil {
+			return pgx.LargeObjects{}
+		}
 	}
 	return t.tx.LargeObjects()
 }
@@ -359,12 +361,37 @@ func (t *phaseTx) Rollback(context.Context) error { return ErrPhaseTxControl }
 // back, and a transaction so ended fails the phase permanently at the next
 // statement sent through the Tx, or when the phase's function returns
 // (escaped).
+//
+// When the flush fails before a transaction was begun (the key's read ahead
+// found the key, so the unit will not run), the connection is handed over
+// inside a read-only transaction that carries the guard: nothing sent
+// through it writes, and the phase's failure rolls it back.
 func (t *phaseTx) Conn() *pgx.Conn {
 	t.guard = true
-	if err := t.flush(context.Background()); err != nil {
+	ctx := context.Background()
+	if err := t.flush(ctx); err != nil {
 		t.err = err
+		t.fence(ctx)
 	}
 	return t.conn
+}
+
+// fence begins, after a flush that failed before its BEGIN was sent, a
+// read-only transaction carrying the guard on the connection, so that
+// whatever the phase sends through what Conn or LargeObjects returned
+// writes nothing and rolls back with the failed phase.
+func (t *phaseTx) fence(ctx context.Context) {
+	if t.tx != nil || t.conn.IsClosed() {
+		return
+	}
+	tx, err := t.conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return
+	}
+	t.tx = tx
+	if _, err := tx.Exec(ctx, guardDeclare); err == nil {
+		t.guarded = true
+	}
 }
 
 // rollback ends an open transaction after a failed phase.

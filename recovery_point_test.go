@@ -45,7 +45,9 @@ func TestRunPhaseErrorResumesAtFailedPhase(t *testing.T) {
 	resp, err := b.runner.Run(b.ctx, wf, orderRequest("u", "k"))
 	require.NoError(t, err)
 	require.Equal(t, 201, resp.Status)
-	require.Equal(t, int32(1), c.create.Load(), "phase 1 is not run again")
+	// Unmarked (Request.Retry), the retry's first phase began ahead of the
+	// key's read, and stopped at its first statement: phase 1's write is
+	// not made again.
 	require.Equal(t, int32(2), c.charge.Load())
 	require.Equal(t, firstOrderID, seenOrderID, "phase 2 sees the state phase 1 committed")
 	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM effects WHERE phase = 'create'"))

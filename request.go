@@ -27,6 +27,19 @@ type Request struct {
 	// (member order and whitespace do not matter) and decoded into the
 	// workflow's input type (see NewWorkflow). It may be empty.
 	Params []byte
+	// Retry marks a request its client sent before (aphttp's Client marks
+	// every retry, and aphttp's Handler reads the mark from the
+	// Idempotency-Retry header: docs/http.md). A marked request reads its
+	// key first, in a round trip of its own: a replay then costs a
+	// primary-key read, and a new key one round trip more. An unmarked one
+	// reads its key at the head of its first unit's batch, ahead of the
+	// key's recording: a new key costs the two round trips hand-written
+	// code does, and a replay one round trip, in which the first unit's
+	// phases were built and then dropped unsent (its start function and
+	// first phases run, their writes never reaching the database). The
+	// mark changes what a request costs, never its answer. Defaults to
+	// false.
+	Retry bool
 }
 
 // maxMethodLength is the longest method accepted, in bytes: every method

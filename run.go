@@ -100,10 +100,10 @@ func (r *Runner) run(ctx context.Context, wf AnyWorkflow, req *Request, fp Finge
 	}
 	key := keystore.NewKeyArgs(req.Scope, req.Key, fp[:])
 	key.Workflow, key.Version = wf.boxedNames()
-	if wf.assumesNewKeys() && r.implicitCommits.Load() {
+	if !req.Retry && r.implicitCommits.Load() {
 		if way := r.assumeWayFor(pool); way.ok {
-			// WorkflowOpts.AssumeNewKeys: the key is read in the first
-			// unit's batch, ahead of its recording.
+			// Not a retry, most likely a new key: the key is read in
+			// the first unit's batch, ahead of its recording.
 			if err := r.faultBeforeTake(ctx, wf.Name(), pc, false); err != nil {
 				return nil, injected(err)
 			}
@@ -193,6 +193,12 @@ func (r *Runner) runNew(ctx context.Context, wf AnyWorkflow, req *Request, fp Fi
 	resp, err = a.loopNew(ctx, state, func(p any) (*Response, error) {
 		return r.answerFoundOrPanic(ctx, wf, req, key, p)
 	})
+	var missing *keystore.StoreMissingError
+	if errors.As(err, &missing) {
+		// The key's read, at the head of the first unit, found no key
+		// store: the request fails closed, as the read alone would.
+		return nil, r.storeFailed(ctx, wf, req, "acquire key", missing.Err)
+	}
 	if errors.Is(err, keystore.ErrNotRecorded) {
 		if rec.Found != nil {
 			return r.runFound(ctx, wf, req, fp, rec.Found)

@@ -29,16 +29,25 @@ func TestRunNewKeyRunsEachPhaseOnceAndReplays(t *testing.T) {
 	require.Equal(t, atomicphase.RecoveryPointFinished, info.RecoveryPoint)
 	require.False(t, info.Locked)
 
-	for range 3 {
-		replay, err := b.runner.Run(b.ctx, wf, orderRequest("user_1", "key-1"))
+	// Unmarked, a replay's first unit is built ahead of the key's read
+	// (Request.Retry): its function runs, its writes never reach the
+	// database; marked as a retry, it runs no phase at all.
+	for _, retry := range []bool{false, false, true, true} {
+		req := orderRequest("user_1", "key-1")
+		req.Retry = retry
+		before := c.create.Load()
+		replay, err := b.runner.Run(b.ctx, wf, req)
 		require.NoError(t, err)
 		require.True(t, replay.Replayed)
 		require.Equal(t, resp.Status, replay.Status)
 		require.Equal(t, resp.Body, replay.Body, "replayed body must be byte-identical")
 		require.Equal(t, resp.Header.Get("Location"), replay.Header.Get("Location"))
+		if retry {
+			require.Equal(t, before, c.create.Load(), "a replay marked as a retry runs no phase")
+		}
 	}
-	require.Equal(t, []int32{1, 1, 1}, []int32{c.create.Load(), c.charge.Load(), c.finish.Load()}, "a replay runs no phase")
-	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM effects"))
+	require.Equal(t, []int32{1, 1}, []int32{c.charge.Load(), c.finish.Load()}, "a replay runs no phase past its first unit")
+	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM effects"), "a replay writes nothing")
 }
 
 func TestRunSameKeyDifferentParamsIsMismatch(t *testing.T) {
@@ -66,7 +75,10 @@ func TestRunSameKeyDifferentParamsIsMismatch(t *testing.T) {
 	after, err := b.runner.Inspect(b.ctx, "user_1", "key-1")
 	require.NoError(t, err)
 	require.Equal(t, before, after, "a mismatch changes nothing")
-	require.Equal(t, int32(1), c.create.Load())
+	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM effects"), "neither wrote anything")
+	_, err = b.runner.Run(b.ctx, wf, asRetry(other))
+	require.ErrorIs(t, err, atomicphase.ErrFingerprintMismatch)
+	require.Equal(t, int32(3), c.create.Load(), "a mismatch marked as a retry runs no phase")
 }
 
 func TestRunMismatchWhileInProgress(t *testing.T) {
@@ -201,9 +213,21 @@ func TestRoundTripBudgetWithQueuedWrites(t *testing.T) {
 	counter.Reset()
 	_, err = runner.Run(ctx, wf, req("measured"))
 	require.NoError(t, err)
-	// read the key 1 · BEGIN+record+INSERT+checkpoint+COMMIT 1 ·
-	// BEGIN+INSERT+INSERT+checkpoint+COMMIT 1
-	require.Equal(t, int64(3), counter.Count(), "round trips for a new key, writes queued")
+	// the key's read+record+INSERT+checkpoint 1 · the call · INSERT+INSERT+
+	// the checkpoint that finishes 1: what hand-written code sends
+	require.Equal(t, int64(2), counter.Count(), "round trips for a new key, writes queued")
+	counter.Reset()
+	_, err = runner.Run(ctx, wf, req("measured"))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), counter.Count(), "a replay is one round trip")
+	counter.Reset()
+	_, err = runner.Run(ctx, wf, asRetry(req("measured")))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), counter.Count(), "a replay marked as a retry is one round trip")
+	counter.Reset()
+	_, err = runner.Run(ctx, wf, asRetry(req("new, marked")))
+	require.NoError(t, err)
+	require.Equal(t, int64(3), counter.Count(), "a new key marked as a retry reads it first")
 	b := &testBundle{db: db, runner: runner, ctx: ctx}
-	require.Equal(t, 6, b.count(t, `SELECT count(*) FROM effects`), "three writes per request, all committed")
+	require.Equal(t, 9, b.count(t, `SELECT count(*) FROM effects`), "three writes per new key, all committed, none by a replay")
 }

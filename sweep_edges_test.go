@@ -81,7 +81,7 @@ func TestSweepTakesOnlyKeysStillDue(t *testing.T) {
 		done <- res
 	}()
 	<-entered // the sweep read [k1, k2] and is inside k1
-	_, err = b.runner.Run(b.ctx, wf, revReq("k2"))
+	_, err = b.runner.Run(b.ctx, wf, asRetry(revReq("k2")))
 	require.ErrorIs(t, err, atomicphase.ErrPermanent)
 	info, err := b.runner.Inspect(b.ctx, "u", "k2")
 	require.NoError(t, err)
@@ -253,7 +253,7 @@ func TestTakingAKeyClearsItsBackoff(t *testing.T) {
 	require.Error(t, err)
 	fail.Store(false)
 	crashNow.Store(true)
-	_, err = b.runner.Run(b.ctx, wf, revReq("k")) // the client retries; the process dies
+	_, err = b.runner.Run(b.ctx, wf, asRetry(revReq("k"))) // the client retries; the process dies
 	require.ErrorIs(t, err, atomicphase.ErrCrashed)
 	ageLocks(t, b)
 	res, err := newSweeper(t, b, nil).RunOnce(b.ctx)

@@ -56,22 +56,12 @@ type WorkflowOpts struct {
 	// to none.
 	ReplayHeaders []string
 
-	// AssumeNewKeys saves a new key's request a round trip, on one
-	// PostgreSQL: the Runner sends no read of the key before the
-	// workflow's first phases run. Their transaction's first batch reads
-	// the key ahead of recording it instead, and a key that exists ends
-	// the batch there, its answer (a replay, a refusal) in the same round
-	// trip. The price is paid by a request whose key exists: the start
-	// function and the first unit's phase functions run for it, and what
-	// they queued is discarded unsent or rolled back, as when an attempt
-	// dies before its commit. Set it only when those functions do nothing
-	// outside their transaction (the usual shape: they queue inserts) and
-	// most requests carry new keys. A phase that sends a statement on its
-	// own (Tx.Exec, Tx.Query) makes the key be read first, on its own, as
-	// without the option. It has no effect on Citus, with
-	// Config.MaxUnfinishedPerScope, or for a workflow that begins with a
-	// foreign phase or commits each phase alone. It is not part of the
-	// workflow's version. Defaults to false.
+	// AssumeNewKeys is ignored. Every request not marked as a retry
+	// (Request.Retry) is now sent as this option sent a request: its key
+	// read at the head of its first unit's batch, ahead of its recording.
+	//
+	// Deprecated: mark retries with Request.Retry (aphttp's Client and
+	// Handler do) instead.
 	AssumeNewKeys bool
 
 	// Version names this definition of the workflow: each key records the
@@ -93,8 +83,6 @@ type Workflow[S any] struct {
 	steps     []step
 	byName    map[string]int
 	keepState bool
-	// assumeNew is WorkflowOpts.AssumeNewKeys.
-	assumeNew bool
 	// replayHeaders are the per-client headers ReplayHeaders allows,
 	// canonicalised.
 	replayHeaders map[string]bool
@@ -159,8 +147,7 @@ func NewWorkflow[In, S any](name string, start StartFunc[In, S], phases []Phase[
 	if opts == nil {
 		opts = &WorkflowOpts{}
 	}
-	wf := &Workflow[S]{name: name, byName: make(map[string]int, len(phases)), keepState: opts.KeepFinishedState,
-		assumeNew: opts.AssumeNewKeys}
+	wf := &Workflow[S]{name: name, byName: make(map[string]int, len(phases)), keepState: opts.KeepFinishedState}
 
 	var errs []error
 	if err := checkName("workflow name", name); err != nil {
@@ -303,7 +290,6 @@ func (w *Workflow[S]) phaseList() []string                       { return w.phas
 func (w *Workflow[S]) shape() string                             { return w.shapeHash }
 func (w *Workflow[S]) phaseSteps() []step                        { return w.steps }
 func (w *Workflow[S]) keepsFinishedState() bool                  { return w.keepState }
-func (w *Workflow[S]) assumesNewKeys() bool                      { return w.assumeNew }
 func (w *Workflow[S]) replayable() map[string]bool               { return w.replayHeaders }
 func (w *Workflow[S]) initialState(req *Request) ([]byte, error) { return w.start(req) }
 
@@ -316,7 +302,6 @@ type AnyWorkflow interface {
 	phaseSteps() []step
 	initialState(req *Request) ([]byte, error)
 	keepsFinishedState() bool
-	assumesNewKeys() bool
 	replayable() map[string]bool
 	definition() []string
 	resumeAt(recoveryPoint, jumpTarget string) (int, error)

@@ -109,7 +109,10 @@ type Response struct {
 // server's contract says (docs/http.md):
 //
 //   - A POST or PATCH carries an Idempotency-Key: the caller's, when req has
-//     one, else a new random one; the same key on every attempt.
+//     one, else a new random one; the same key on every attempt. Every
+//     attempt after the first is marked as a retry (RetryHeaderName), so
+//     that the server reads its key first: a replay then costs it one
+//     primary-key read.
 //   - Retried: a connection that failed or broke before the answer came
 //     (the request may have run: the key makes the retry safe); 409
 //     in-progress and outcome-unknown (and a 409 with no problem type, the
@@ -191,7 +194,7 @@ func (c *Client) do(ctx context.Context, req *http.Request) (*Response, error) {
 	for attempt := 1; ; attempt++ {
 		var cause error
 		var asked time.Duration // the answer's Retry-After
-		resp, final, err := c.send(ctx, req, key, body)
+		resp, final, err := c.send(ctx, req, key, body, attempt > 1)
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return gaveUp(last, attempt), fmt.Errorf("%w after %d attempts: %w", ErrGaveUp, attempt, err)
@@ -293,7 +296,7 @@ func rewindable(req *http.Request) (func() (io.ReadCloser, error), error) {
 // send makes one attempt. final says that its error is one no retry can
 // change: the request cannot be sent (ErrUnsendable), or the HTTPClient's
 // redirect policy refused where the answer led.
-func (c *Client) send(ctx context.Context, req *http.Request, key string, body func() (io.ReadCloser, error)) (r *Response, final bool, err error) {
+func (c *Client) send(ctx context.Context, req *http.Request, key string, body func() (io.ReadCloser, error), retry bool) (r *Response, final bool, err error) {
 	out := req.Clone(ctx)
 	bodies := &sentBodies{get: body, length: req.ContentLength}
 	b, err := bodies.GetBody()
@@ -303,6 +306,11 @@ func (c *Client) send(ctx context.Context, req *http.Request, key string, body f
 	out.Body, out.GetBody = b, bodies.GetBody
 	if key != "" {
 		out.Header.Set(HeaderName, key)
+		if retry {
+			// The server reads the key first: its answer was likely
+			// stored by an earlier attempt (RetryHeaderName).
+			out.Header.Set(RetryHeaderName, RetryHeaderValue)
+		}
 	}
 	resp, err := c.http.Do(out)
 	if err != nil {

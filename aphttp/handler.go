@@ -146,7 +146,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	resp, err := h.runner.Run(r.Context(), h.wf, atomicphase.Request{
-		Scope: scope, Key: key, Method: r.Method, Path: r.URL.RequestURI(), Params: body,
+		Scope: scope, Key: key, Method: r.Method, Path: r.URL.RequestURI(), Params: body, Retry: IsRetry(r.Header),
 	})
 	if err != nil {
 		h.writeError(w, r, err)

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -36,6 +37,9 @@ type bundle struct {
 	runner  *atomicphase.Runner
 	// commitEach gives the save phase CommitEachPhase.
 	commitEach bool
+	// sent holds the keys sent before: do marks a key's second request a
+	// retry, as aphttp.Client does, unless the test says otherwise.
+	sent sync.Map
 }
 
 // setup serves POST /notes through the middleware; other methods reach a
@@ -139,8 +143,15 @@ func (b *bundle) doAt(t *testing.T, path, method, key, body string, headers ...s
 	req.Header.Set("X-User", "alice")
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
+		if _, again := b.sent.LoadOrStore(key, true); again {
+			req.Header.Set(aphttp.RetryHeaderName, aphttp.RetryHeaderValue)
+		}
 	}
 	for i := 0; i+1 < len(headers); i += 2 {
+		if headers[i] == aphttp.RetryHeaderName && headers[i+1] == "" {
+			req.Header.Del(aphttp.RetryHeaderName) // an unmarked retry
+			continue
+		}
 		if headers[i] == aphttp.HeaderName {
 			req.Header.Add(headers[i], headers[i+1]) // a second line: a list
 		} else {
@@ -279,7 +290,15 @@ func TestReplayIsByteIdenticalAndMarked(t *testing.T) {
 	require.Equal(t, "true", replay.header.Get("Idempotent-Replayed"))
 	require.Equal(t, "/notes/1", replay.header.Get("Location"), "replayable headers are stored")
 	require.Equal(t, first.body, replay.body)
-	require.Equal(t, int32(1), b.runs.Load())
+	require.Equal(t, int32(1), b.runs.Load(), "a marked retry reads its key first and runs nothing")
+
+	// Unmarked, the replay's first unit is queued behind the key's read
+	// (the phase's code may run), and nothing of it is kept: the answer is
+	// the stored one, byte for byte.
+	unmarked := b.do(t, "POST", "k1", `{"text":"hello"}`, aphttp.RetryHeaderName, "")
+	require.Equal(t, 201, unmarked.status)
+	require.Equal(t, "true", unmarked.header.Get("Idempotent-Replayed"))
+	require.Equal(t, first.body, unmarked.body)
 }
 
 func TestKeyReusedWithAnotherBodyIs422(t *testing.T) {

@@ -10,6 +10,26 @@ import (
 // HeaderName is the request header carrying the idempotency key.
 const HeaderName = "Idempotency-Key"
 
+// RetryHeaderName is the request header a client sets, to RetryHeaderValue
+// (an RFC 8941 boolean, true), on a request it sent before: a retry. The
+// Handler then has the Runner read the key first (atomicphase.Request's
+// Retry), which makes a replay, what a retry most often meets, cost one
+// primary-key read. It changes what a request costs, never its answer; a
+// missing header, or any other value, leaves the request unmarked. The
+// Client sets it on every attempt after its first.
+const RetryHeaderName = "Idempotency-Retry"
+
+// RetryHeaderValue is RetryHeaderName's value on a retry.
+const RetryHeaderValue = "?1"
+
+// IsRetry reports whether h marks its request as a retry: one
+// RetryHeaderName line whose value is RetryHeaderValue (blanks around it
+// aside).
+func IsRetry(h http.Header) bool {
+	v := h.Values(RetryHeaderName)
+	return len(v) == 1 && strings.TrimSpace(v[0]) == RetryHeaderValue
+}
+
 // Key errors. ParseKey wraps them with detail.
 var (
 	ErrMissingKey = errors.New("no Idempotency-Key header")

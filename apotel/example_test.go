@@ -60,6 +60,7 @@ func Example() {
 		if _, err := runner.Run(ctx, greet, req); err != nil {
 			log.Fatal(err)
 		}
+		req.Retry = true // the second is a retry, marked as aphttp's client marks it
 	}
 
 	var rm metricdata.ResourceMetrics

@@ -25,6 +25,13 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 	run := func(ctx context.Context, scope, key, item string) (*atomicphase.Response, error) {
 		return b.runner.Run(ctx, wf, order(scope, key, item))
 	}
+	// retry is run for a request its client marks as a retry, as aphttp's
+	// client does: its key is read before any phase runs.
+	marked := func(ctx context.Context, scope, key, item string) (*atomicphase.Response, error) {
+		req := order(scope, key, item)
+		req.Retry = true
+		return b.runner.Run(ctx, wf, req)
+	}
 
 	// A new key, its replay, and its reuse with another request.
 	b.step("new", func(ctx context.Context) {
@@ -33,6 +40,13 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 		require.False(t, resp.Replayed)
 	})
 	b.step("replay", func(ctx context.Context) {
+		resp, err := marked(ctx, "s-new", "new", "rocket")
+		require.NoError(t, err)
+		require.True(t, resp.Replayed)
+	})
+	// Unmarked, a replay's first phase runs ahead of the key's read: its
+	// span says it was discarded, and no phase event is reported.
+	b.step("unmarked replay", func(ctx context.Context) {
 		resp, err := run(ctx, "s-new", "new", "rocket")
 		require.NoError(t, err)
 		require.True(t, resp.Replayed)
@@ -67,7 +81,7 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 	_, err := b.db.Pool.Exec(b.ctx, `UPDATE idempotency_keys SET locked_at = locked_at - interval '1 hour', next_attempt_at = coalesce(next_attempt_at, created_at) WHERE idempotency_key = 'held'`)
 	require.NoError(t, err)
 	b.step("held takeover", func(ctx context.Context) {
-		resp, err := run(ctx, "s-held", "held", "rocket")
+		resp, err := marked(ctx, "s-held", "held", "rocket")
 		require.NoError(t, err)
 		require.Equal(t, 201, resp.Status)
 	})
@@ -81,7 +95,7 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 		require.ErrorContains(t, err, "card network timeout")
 	})
 	b.step("flaky retry", func(ctx context.Context) {
-		resp, err := run(ctx, "s-flaky", "flaky", "rocket")
+		resp, err := marked(ctx, "s-flaky", "flaky", "rocket")
 		require.NoError(t, err)
 		require.False(t, resp.Replayed)
 	})
@@ -141,7 +155,7 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 	)
 	require.Equal(t, map[string]map[string]int64{
 		"atomicphase.reserve.created":      {wfOrder: 5, wfLegacy: 1}, // new, held, flaky, doomed, abandoned
-		"atomicphase.reserve.replay":       {wfOrder: 1},
+		"atomicphase.reserve.replay":       {wfOrder: 2},
 		"atomicphase.reserve.key_misuse":   {wfOrder: 1},
 		"atomicphase.reserve.in_progress":  {wfOrder: 1},
 		"atomicphase.reserve.takeover":     {wfOrder: 1},
@@ -178,6 +192,7 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 		name       string
 		failed     bool
 		rolledBack bool
+		discarded  bool
 	}
 	var (
 		created    = ev(atomicphase.EventCreated)
@@ -202,9 +217,10 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 	}{
 		{"new", "order", []string{created, committed, committed, committed}, []phase{create, charge, finish}},
 		{"replay", "order", []string{ev(atomicphase.EventReplay)}, nil},
-		{"misuse", "order", []string{ev(atomicphase.EventKeyMisuse), exception}, nil},
+		{"unmarked replay", "order", []string{ev(atomicphase.EventReplay)}, []phase{{name: "create", discarded: true}}},
+		{"misuse", "order", []string{ev(atomicphase.EventKeyMisuse), exception}, []phase{{name: "create", discarded: true}}},
 		{"held first", "order", []string{created, committed, failed, ev(atomicphase.EventLockLost), exception}, []phase{create, chargeRolledBack, finishFail}},
-		{"held duplicate", "order", []string{ev(atomicphase.EventInProgress), exception}, nil},
+		{"held duplicate", "order", []string{ev(atomicphase.EventInProgress), exception}, []phase{{name: "create", discarded: true}}},
 		{"held takeover", "order", []string{ev(atomicphase.EventTakeover), committed, committed}, []phase{charge, finish}},
 		{"flaky first", "order", []string{created, committed, failed, exception}, []phase{create, chargeFail}},
 		{"flaky retry", "order", []string{retry, committed, committed}, []phase{charge, finish}},
@@ -212,7 +228,7 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 		{"abandoned", "order", []string{created, committed, failed, exception}, []phase{create, chargeFail}},
 		{"legacy", "legacy", []string{created, failed, exception}, []phase{{name: "migrate", failed: true}}},
 		{"sweep", "order", []string{retry, committed, committed}, []phase{charge, finish}}, // the resume
-		{"store error", "order", []string{ev(atomicphase.EventStoreError), exception}, nil},
+		{"store error", "order", []string{ev(atomicphase.EventStoreError), exception}, []phase{{name: "create", discarded: true}}},
 	}
 	tree := newSpanTree(b.spans)
 	requests := 0
@@ -253,6 +269,9 @@ func TestObserverReportsEveryDecisionOnce(t *testing.T) {
 			case p.failed:
 				require.Equal(t, codes.Error, got.Status().Code, "step %q phase %q", w.step, p.name)
 				require.Equal(t, []string{failed, exception}, eventNames(got), "step %q phase %q", w.step, p.name)
+			case p.discarded:
+				require.Equal(t, codes.Unset, got.Status().Code, "step %q phase %q", w.step, p.name)
+				require.Equal(t, []string{apotel.DiscardedEventName}, eventNames(got), "step %q phase %q", w.step, p.name)
 			case p.rolledBack:
 				require.Equal(t, codes.Error, got.Status().Code, "step %q phase %q", w.step, p.name)
 				require.Equal(t, []string{exception}, eventNames(got), "step %q phase %q: neither committed nor failed itself", w.step, p.name)

@@ -2,6 +2,7 @@ package apotel
 
 import (
 	"context"
+	"errors"
 
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -15,6 +16,12 @@ const (
 	RequestSpanName = "atomicphase.request"
 	PhaseSpanPrefix = "atomicphase.phase "
 )
+
+// DiscardedEventName is the event on a phase span whose phase ran ahead of
+// its key's read on a request not marked as a retry, and whose key was
+// another request's (a finished key's replay, say): nothing of the phase was
+// kept (atomicphase.ErrDiscarded).
+const DiscardedEventName = "atomicphase.phase.discarded"
 
 // openSpan is a span this Observer started and the one it was started
 // under, as the context of the code inside it carries them: Observe walks
@@ -31,7 +38,10 @@ type openSpanKey struct{}
 // StartSpan starts the span of a request (RequestSpanName) or of a phase
 // (PhaseSpanPrefix + phase name) under the span ctx carries, and returns the
 // context that carries it and the function that ends it. Ending it with an
-// error records the error on the span and sets the span's status to Error.
+// error records the error on the span and sets the span's status to Error;
+// a phase span ended with atomicphase.ErrDiscarded (the phase ran ahead of
+// its key's read, and the key was another request's) gets the event
+// DiscardedEventName instead, its status unset.
 func (o *Observer) StartSpan(ctx context.Context, s atomicphase.Span) (context.Context, func(error)) {
 	name := MetricPrefix + string(s.Kind)
 	switch s.Kind {
@@ -44,6 +54,13 @@ func (o *Observer) StartSpan(ctx context.Context, s atomicphase.Span) (context.C
 	outer, _ := ctx.Value(openSpanKey{}).(*openSpan)
 	ctx = context.WithValue(ctx, openSpanKey{}, &openSpan{span: span, kind: s.Kind, workflow: s.Workflow, outer: outer})
 	return ctx, func(err error) {
+		if errors.Is(err, atomicphase.ErrDiscarded) {
+			// The phase ran ahead of its key's read and the key was
+			// another request's: not a failure, and nothing was kept.
+			span.AddEvent(DiscardedEventName)
+			span.End()
+			return
+		}
 		if err != nil {
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())

@@ -114,13 +114,22 @@ func passes(passed []faultinject.Passed, p atomicphase.FaultPoint) bool {
 	return false
 }
 
+// uniquePoints is passed with each point once, in the order first passed;
+// a point passed both without a connection and with one (BeforeAcquire on a
+// request not marked as a retry whose key exists: before the first unit's
+// batch, then before the take) holds one, as an action that needs it fires
+// where the attempt holds it (faultinject.Injector).
 func uniquePoints(passed []faultinject.Passed) []faultinject.Passed {
 	var out []faultinject.Passed
-	seen := map[atomicphase.FaultPoint]bool{}
+	at := map[atomicphase.FaultPoint]int{}
 	for _, p := range passed {
-		if !seen[p.Point] {
-			seen[p.Point] = true
+		n, seen := at[p.Point]
+		switch {
+		case !seen:
+			at[p.Point] = len(out)
 			out = append(out, p)
+		case p.HasConn:
+			out[n].HasConn = true
 		}
 	}
 	return out

@@ -103,10 +103,16 @@ func TestExplorerCatchesBrokenWorkflows(t *testing.T) {
 		name   string
 		flaw   testshop.Flaw
 		broken string // the invariant that must be reported
+		// clean: caught with no fault at all. A write outside the phase's
+		// transaction is repeated by the replay the explorer sends after
+		// the final answer, not marked as a retry: its first phase's code
+		// runs ahead of the key's read, and only what it queued on the
+		// transaction is discarded.
+		clean bool
 	}{
-		{"fresh downstream key on every attempt", testshop.RandomKey, "distinct charges at the downstream"},
-		{"foreign call outside the guard", testshop.OutsideGuard, "distinct charges at the downstream"},
-		{"business write outside the phase transaction", testshop.OutsideTx, "order rows"},
+		{"fresh downstream key on every attempt", testshop.RandomKey, "distinct charges at the downstream", false},
+		{"foreign call outside the guard", testshop.OutsideGuard, "distinct charges at the downstream", false},
+		{"business write outside the phase transaction", testshop.OutsideTx, "order rows", true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -115,7 +121,9 @@ func TestExplorerCatchesBrokenWorkflows(t *testing.T) {
 			v := rep.Violation()
 			require.NotNil(t, v, "the explorer must catch this workflow:\n%s", rep)
 			require.ErrorContains(t, v.Violation, c.broken)
-			require.NotEmpty(t, v.Faults, "the report names the point and action that broke it")
+			if !c.clean {
+				require.NotEmpty(t, v.Faults, "the report names the point and action that broke it")
+			}
 			require.Contains(t, rep.String(), "VIOLATED")
 			t.Logf("caught at %v: %v", v.Faults, v.Violation)
 		})

@@ -71,7 +71,8 @@ var Actions = []Action{Crash, Error, Panic, Delay, TerminateBackend, LoseCommitA
 var InProcessActions = []Action{Crash, Error, Panic, Delay, TerminateBackend, LoseCommitAck, LoseTakeAck, SlowCall, DropAfterRequest}
 
 // NeedsConn reports whether a acts on the connection the attempt holds at
-// the point, and so does nothing where it holds none.
+// the point: a rule with such an action does not fire where the attempt
+// holds none, and waits for a pass of its point that holds one.
 func (a Action) NeedsConn() bool {
 	return a == TerminateBackend || a == LoseCommitAck || a == LoseTakeAck
 }

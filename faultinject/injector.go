@@ -106,6 +106,13 @@ func (i *Injector) match(at atomicphase.FaultPoint, hasConn bool) (Rule, bool) {
 		if times == 0 {
 			times = 1
 		}
+		if r.Action.NeedsConn() && !hasConn {
+			// Nothing to act on here: the rule waits for a pass of its
+			// point where the attempt holds a connection (BeforeAcquire
+			// is passed without one before a new key's first unit, and
+			// with one before a take).
+			continue
+		}
 		if r.matches(at) && (times < 0 || i.fired[n] < times) {
 			i.fired[n]++
 			return *r, true

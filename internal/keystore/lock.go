@@ -166,7 +166,7 @@ func (s *Store) Acquire(ctx context.Context, db DB, req *Request) (*Row, error) 
 // runs: whether the key exists, and when it does, whether it was used with
 // another request, its stored response, and whether a live attempt holds
 // it. It is the whole of a replay: one primary-key read, written to nothing.
-const peekSQL = `
+const peekSQL = `/* atomicphase: read the key */
 SELECT workflow = $4::text AND fingerprint = $5::bytea, response_status, response_header::text, response_body,
        (date_part('epoch', locked_at) * 1000000::float8)::int8, coalesce(lease_us, $3::bigint),
        (date_part('epoch', call_until) * 1000000::float8)::int8, (date_part('epoch', now()) * 1000000::float8)::int8,
@@ -357,6 +357,9 @@ type Recording struct {
 	// ahead reads the key's read ahead of the claim (Read), kept here so
 	// that reading it allocates nothing.
 	ahead aheadRow
+	// aheadFailed is set when the batch failed at the key's read ahead of
+	// the claim with an error that says nothing of the key (Resolve).
+	aheadFailed bool
 }
 
 // ErrRecordFirstMissing is a recording's answer when it went at the head
@@ -364,6 +367,14 @@ type Recording struct {
 // batch did nothing, and the caller stops recording keys that way until
 // Store.Features finds the function again.
 var ErrRecordFirstMissing = errors.New("atomicphase: atomicphase_record_first does not exist")
+
+// StoreMissingError is a recording's answer when the key's read ahead of
+// it found no key table, or no function of it: the schema is missing, or
+// older than the code (nothing of the batch ran).
+type StoreMissingError struct{ Err error }
+
+func (e *StoreMissingError) Error() string { return e.Err.Error() }
+func (e *StoreMissingError) Unwrap() error { return e.Err }
 
 // ErrNotRecorded is a recording's answer when the key existed: the attempt
 // ran on the assumption of a new key, and the key is acquired on its own
@@ -403,6 +414,11 @@ func (rec *Recording) ReadAhead(ctx context.Context, db DB) error {
 	scope, key := r.Args.scopeKey(r.Scope, r.Key)
 	p, found, err := scanPeeked(db.QueryRow(ctx, rec.peekAlone, scope, key, rec.lease, r.Workflow, r.Args.fingerprint(r.Fingerprint)))
 	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == pgerrcode.UndefinedTable || pgErr.Code == pgerrcode.UndefinedFunction) {
+			rec.Sent = true
+			return &StoreMissingError{Err: err}
+		}
 		return err
 	}
 	if found {
@@ -478,6 +494,7 @@ func (rec *Recording) BeforeRead(err error) error {
 func (rec *Recording) Read(br pgx.BatchResults) error {
 	rec.Sent, rec.Recorded = false, false
 	rec.Found = nil
+	rec.aheadFailed = false
 	if rec.peek != "" {
 		rows, _ := br.Query() // its error, if any, is the rows'
 		rec.ahead = aheadRow{rows: rows}
@@ -540,6 +557,10 @@ func (rec *Recording) Read(br pgx.BatchResults) error {
 func (rec *Recording) refusedAhead(err error) error {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != RecordedMeanwhileCode && pgErr.Code != RecordingInFlightCode {
+		// The server refused the batch before the read's row: pgx could
+		// not prepare one of its statements (the key table's, or one of
+		// the unit's). Resolve says which.
+		rec.aheadFailed = errors.As(err, &pgErr)
 		return err
 	}
 	rec.Sent = true
@@ -547,6 +568,27 @@ func (rec *Recording) refusedAhead(err error) error {
 		return ErrNotRecorded // as ReadFinal answers it
 	}
 	return err
+}
+
+// Resolve answers a batch that failed at the key's read ahead of the claim
+// with err, an error of the server's that says nothing of the key (Read):
+// the key is read on its own, on db, once the batch is closed. A key that
+// exists is ErrNotRecorded, with Found set (a replay is answered, whatever
+// the unit's statements are now); no key table, or no function of it, is
+// a StoreMissingError; for a new key, err is the unit's own. Any other
+// err is returned as it is.
+func (rec *Recording) Resolve(ctx context.Context, db DB, err error) error {
+	if !rec.aheadFailed {
+		return err
+	}
+	rec.aheadFailed = false
+	switch rerr := rec.ReadAhead(ctx, db); {
+	case rerr == nil:
+		rec.Sent, rec.Recorded = false, false
+		return err
+	default:
+		return rerr
+	}
 }
 
 // Final returns the statement that records the key with cp at the commit
