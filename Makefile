@@ -137,13 +137,8 @@ fuzz: ## Fuzz the fingerprint for a minute
 	$(GO) test -run '^$$' -fuzz FuzzFingerprint -fuzztime 60s .
 
 .PHONY: schema
-schema: ## Regenerate schema.sql from the migrations
-	@{ printf '%s\n' '-- The complete current atomicphase schema, for projects that apply schema' \
-	  '-- with their own migration tool. Migrate applies the same SQL from the' \
-	  '-- numbered files in migration/; a test keeps the two identical. Apply it' \
-	  '-- statement by statement (psql -f schema.sql does), not in one' \
-	  '-- transaction: its concurrent index builds cannot run inside one.' ''; \
-	  first=1; for f in migration/*.up.sql; do [ $$first = 1 ] || echo; first=0; sed 's|/\* TEMPLATE: schema \*/||g' $$f; done; } > schema.sql
+schema: postgres ## Rewrite schema.sql from a database the migrations made
+	$(PLAIN) $(GO) test -count=1 -run '^TestSchemaFileIsWhatTheMigrationsMake$$' . -args -update-schema
 
 .PHONY: postgres
 postgres:
