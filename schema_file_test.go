@@ -128,10 +128,10 @@ func writeTable(ctx context.Context, q *pgx.Conn, b *strings.Builder, table stri
 		return err
 	}
 	type column struct {
-		name, typ string
-		notNull   bool
+		name, typ  string
+		notNull    bool
 		def, ident string
-		comment   *string
+		comment    *string
 	}
 	var cols []column
 	var c column
