@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// A batch that assumes its key is new (WorkflowOpts.AssumeNewKeys) fails,
+// A batch that assumes its key is new (a request not marked as a retry) fails,
 // on purpose, whenever the key exists: its claim raises and ends the
 // batch's implicit transaction. pgx treats any failed batch as a sign that
 // its statements' cached plans may be stale: it drops every statement of

@@ -23,11 +23,11 @@ import (
 //   - runExisting, for every other key: one statement (keystore.Acquire)
 //     records or takes the key, or says why not.
 //
-// A workflow that can record a new key with its first unit first reads the
-// key (keystore.Peek: one primary-key read, which is all a replay costs) to
-// choose; with WorkflowOpts.AssumeNewKeys, that read rides ahead of the
-// recording in the first unit's batch instead, and a key it finds is
-// answered from there (runFound). Either way an attempt that holds the key then runs the workflow
+// A request of such a workflow not marked as a retry (Request.Retry) goes
+// to runNew at once: the key's read rides ahead of the recording in the
+// first unit's batch, and a key it finds is answered from there (runFound).
+// A marked request reads the key first (keystore.Peek: one primary-key
+// read, which is all a replay then costs) to choose. Either way an attempt that holds the key then runs the workflow
 // from its recovery point (attempt.go, fusion.go); a key that is not taken
 // is explained (refusal.go). The files follow the request downward: see
 // docs/concepts.md, "The code, file by file".
@@ -157,7 +157,7 @@ func (r *Runner) fusesRecording(wf AnyWorkflow) bool {
 // request goes in as an existing key's, and acquisition explains the key as
 // it then is.
 //
-// With assume (WorkflowOpts.AssumeNewKeys), the key was not read: the
+// With assume (a request not marked as a retry), the key was not read: the
 // recording reads it ahead of its claim, and a key it finds is answered as
 // run answers one its read found. So is one whose request the start
 // function refuses, read then: a request reusing another's key is told
@@ -209,7 +209,7 @@ func (r *Runner) runNew(ctx context.Context, wf AnyWorkflow, req *Request, fp Fi
 }
 
 // runRefusedStart answers a request whose start function refused it
-// before its key was read (WorkflowOpts.AssumeNewKeys): the key is read,
+// before its key was read (a request not marked as a retry): the key is read,
 // on pc (released), and a key that exists is answered as run answers it;
 // only a new key's request gets the start function's refusal, startErr.
 func (r *Runner) runRefusedStart(ctx context.Context, wf AnyWorkflow, req *Request, fp Fingerprint, key keystore.KeyArgs, pc *pgxpool.Conn, startErr error) (*Response, error) {
@@ -247,7 +247,7 @@ func (r *Runner) initialStateOn(ctx context.Context, wf AnyWorkflow, req *Reques
 
 // answerFoundOrPanic answers a request whose code panicked with p before
 // the request knew its key: a start function run before the key was read
-// (WorkflowOpts.AssumeNewKeys, or a key acquired on its own), or a first
+// (a request not marked as a retry, or a key acquired on its own), or a first
 // unit whose key, riding in it unrecorded, another request recorded
 // meanwhile. The key is read, and one that no attempt of this request
 // would run is answered as run answers it (a finished key's answer is its

@@ -43,8 +43,8 @@ type Runner struct {
 	// claim (keystore.Recording.QueueRecord), implicitly or, on Citus,
 	// inside BEGIN and COMMIT.
 	recordFirst atomic.Bool
-	// assumeWays says, by pool, how its connections run the batches of
-	// WorkflowOpts.AssumeNewKeys (assume_prepare.go): *pgxpool.Pool to
+	// assumeWays says, by pool, how its connections run the batches that
+	// read the key at their head (assume_prepare.go): *pgxpool.Pool to
 	// assumeWay.
 	assumeWays sync.Map
 }

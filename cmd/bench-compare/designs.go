@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -177,11 +178,12 @@ WHERE scope = $1 AND idempotency_key = $2`
 // answers a replay in one round trip reads before it records a key.
 const hwReadSQL = `SELECT response_status, response_body FROM hw_idempotency_keys WHERE scope = $1 AND idempotency_key = $2`
 
-// designOpts vary the designs: assumeNew sets WorkflowOpts.AssumeNewKeys
-// on (b)'s and (c)'s workflow; readFirst has (a) read its key first
-// (handWritten).
+// designOpts vary the designs: readFirst has (a) read its key first
+// (handWritten); rtt, when positive, puts a delayProxy that adds rtt to
+// every round trip between each design's pool and the server.
 type designOpts struct {
-	assumeNew, readFirst bool
+	readFirst bool
+	rtt       time.Duration
 }
 
 // handWritten answers a new key the way careful hand-written pgx code
@@ -268,9 +270,8 @@ SELECT id, 'ride.charged', $3 FROM rides WHERE user_id = $1 AND idempotency_key 
 // rideWorkflow is the same request through atomicphase: a local phase
 // that inserts the ride (queued, so it travels with the commit that also
 // records the key), a foreign phase that charges and whose record step
-// queues the charge's update and the outbox row and responds. assumeNew
-// is WorkflowOpts.AssumeNewKeys.
-func rideWorkflow(us *users, pay *benchkit.Payments, assumeNew bool) *atomicphase.Workflow[rideState] {
+// queues the charge's update and the outbox row and responds.
+func rideWorkflow(us *users, pay *benchkit.Payments) *atomicphase.Workflow[rideState] {
 	start := func(in rideInput, req *atomicphase.Request) (rideState, error) {
 		u, ok := us.get(req.Scope)
 		if !ok {
@@ -300,13 +301,14 @@ func rideWorkflow(us *users, pay *benchkit.Payments, assumeNew bool) *atomicphas
 			body, err := json.Marshal(rideResponse{Key: r.Key, ChargeID: r.ChargeID, Amount: amount, Currency: currency})
 			return atomicphase.Respond(http.StatusCreated, body), err
 		}),
-	}, &atomicphase.WorkflowOpts{AssumeNewKeys: assumeNew})
+	}, nil)
 }
 
 // runAtomicphase answers a request through runner and returns the
-// response body; replay says whether a replay is expected.
-func runAtomicphase(ctx context.Context, runner *atomicphase.Runner, wf *atomicphase.Workflow[rideState], scope, key string, body []byte, replay bool) ([]byte, error) {
-	resp, err := runner.Run(ctx, wf, atomicphase.Request{Scope: scope, Key: key, Method: method, Path: path, Params: body})
+// response body; retry marks the request as a retry (Request.Retry), and
+// replay says whether a replay is expected.
+func runAtomicphase(ctx context.Context, runner *atomicphase.Runner, wf *atomicphase.Workflow[rideState], scope, key string, body []byte, retry, replay bool) ([]byte, error) {
+	resp, err := runner.Run(ctx, wf, atomicphase.Request{Scope: scope, Key: key, Method: method, Path: path, Params: body, Retry: retry})
 	if err != nil {
 		return nil, err
 	}
@@ -316,7 +318,7 @@ func runAtomicphase(ctx context.Context, runner *atomicphase.Runner, wf *atomicp
 	return resp.Body, nil
 }
 
-// ---- (d) the floor of a replay ----
+// ---- (d) the floor of a replay, marked or not ----
 
 const pkSelectSQL = `SELECT response_status, response_header, response_body FROM idempotency_keys
 WHERE scope = $1 AND idempotency_key = $2`

@@ -24,9 +24,9 @@ import (
 // design is one way of answering the request, on a pool of its own whose
 // tracer counts what it sends.
 type design struct {
-	code  string // a, b, c, d
+	code  string // a, b, c, c', d
 	name  string
-	fresh bool // each request is a new key (a, b); else a replay of a finished one (c, d)
+	fresh bool // each request is a new key (a, b); else a replay of a finished one (c, c', d)
 	pool  *pgxpool.Pool
 	trace *tracer
 	// do answers one request of c.
@@ -62,8 +62,11 @@ type bench struct {
 	pay     *benchkit.Payments
 	users   *users
 	wf      *atomicphase.Workflow[rideState]
-	designs []*design
+	designs []*design // a, b, c, c', d, in that order
 	replay  []finishedKey
+	// proxy is the delayProxy between the designs' pools and the server;
+	// nil without designOpts.rtt.
+	proxy *delayProxy
 	// latencies are the clients' buffers, reused from cell to cell.
 	latencies [][]time.Duration
 	// serverCPU reads the server's CPU time; nil when it cannot be read
@@ -83,15 +86,23 @@ func poolFor(ctx context.Context, base *pgxpool.Config, maxConns int) (*pgxpool.
 	return pool, tr, err
 }
 
-// newBench opens the four designs' pools with base's settings, on a
+// newBench opens the five designs' pools with base's settings, on a
 // database with the atomicphase schema and the bench's own (see schema);
 // maxClients is the largest number of concurrent clients to be measured;
-// opts vary the designs (designOpts).
+// opts vary the designs (designOpts). With opts.rtt, every pool connects
+// through a delayProxy of its own; admin connects as it was opened.
 func newBench(ctx context.Context, base *pgxpool.Config, admin *pgxpool.Pool, fake *fakestripe.Server, maxClients int, opts designOpts) (*bench, error) {
 	b := &bench{admin: admin, fake: fake, pay: benchkit.NewPayments(fake.URL, 512), users: &users{m: map[string]*user{}}}
-	b.wf = rideWorkflow(b.users, b.pay, opts.assumeNew)
-	pools := make([]*pgxpool.Pool, 4)
-	tracers := make([]*tracer, 4)
+	b.wf = rideWorkflow(b.users, b.pay)
+	if opts.rtt > 0 {
+		cfg, proxy, err := throughProxy(base, opts.rtt)
+		if err != nil {
+			return nil, err
+		}
+		base, b.proxy = cfg, proxy
+	}
+	pools := make([]*pgxpool.Pool, 5)
+	tracers := make([]*tracer, 5)
 	for i := range pools {
 		var err error
 		if pools[i], tracers[i], err = poolFor(ctx, base, maxClients); err != nil {
@@ -111,7 +122,12 @@ func newBench(ctx context.Context, base *pgxpool.Config, admin *pgxpool.Pool, fa
 		b.close()
 		return nil, err
 	}
-	a, ap, rp, pk := b.designs[0], b.designs[1], b.designs[2], b.designs[3]
+	markedRunner, err := atomicphase.NewRunner(pools[3], nil)
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	a, ap, rp, rm, pk := b.designs[0], b.designs[1], b.designs[2], b.designs[3], b.designs[4]
 	a.code, a.name, a.fresh = "a", "hand-written pgx", true
 	if opts.readFirst {
 		a.name = "hand-written + read"
@@ -124,18 +140,22 @@ func newBench(ctx context.Context, base *pgxpool.Config, admin *pgxpool.Pool, fa
 	ap.code, ap.name, ap.fresh = "b", "atomicphase", true
 	ap.do = func(ctx context.Context, c *client) error {
 		c.body = rideBody(c.body, c.id, c.seq+1)
-		_, err := runAtomicphase(ctx, apRunner, b.wf, c.user.email, c.nextKey(), c.body, false)
+		_, err := runAtomicphase(ctx, apRunner, b.wf, c.user.email, c.nextKey(), c.body, false, false)
 		return err
 	}
-	rp.code, rp.name = "c", "atomicphase replay"
-	rp.do = func(ctx context.Context, c *client) error {
-		k := b.nextFinished(c)
-		body, err := runAtomicphase(ctx, replayRunner, b.wf, k.scope, k.key, k.body, true)
-		if err == nil && string(body) != string(k.resp) {
-			err = fmt.Errorf("replay of %s/%s: body %q, stored %q", k.scope, k.key, body, k.resp)
+	// (c) and (c') send the same replays, unmarked and marked as retries.
+	replay := func(runner *atomicphase.Runner, retry bool) func(ctx context.Context, c *client) error {
+		return func(ctx context.Context, c *client) error {
+			k := b.nextFinished(c)
+			body, err := runAtomicphase(ctx, runner, b.wf, k.scope, k.key, k.body, retry, true)
+			if err == nil && string(body) != string(k.resp) {
+				err = fmt.Errorf("replay of %s/%s: body %q, stored %q", k.scope, k.key, body, k.resp)
+			}
+			return err
 		}
-		return err
 	}
+	rp.code, rp.name, rp.do = "c", "atomicphase replay", replay(replayRunner, false)
+	rm.code, rm.name, rm.do = "c'", "replay (marked)", replay(markedRunner, true)
 	pk.code, pk.name = "d", "PK select (pgx)"
 	pk.do = func(ctx context.Context, c *client) error {
 		k := b.nextFinished(c)
@@ -144,12 +164,18 @@ func newBench(ctx context.Context, base *pgxpool.Config, admin *pgxpool.Pool, fa
 	return b, nil
 }
 
+// close closes the designs' pools, then the proxy they connect through.
 func (b *bench) close() {
 	for _, d := range b.designs {
 		d.pool.Close()
 	}
+	if b.proxy != nil {
+		_ = b.proxy.Close()
+	}
 }
 
+// design returns the design named by code, one of the codes newBench
+// gives; any other is a mistake in this command.
 func (b *bench) design(code string) *design {
 	for _, d := range b.designs {
 		if d.code == code {
@@ -159,6 +185,8 @@ func (b *bench) design(code string) *design {
 	panic("no design " + code)
 }
 
+// nextFinished returns the next finished key c replays, going round the
+// replay pool.
 func (b *bench) nextFinished(c *client) *finishedKey {
 	k := &b.replay[c.next]
 	c.next = (c.next + 1) % len(b.replay)
@@ -198,7 +226,7 @@ func (b *bench) createFinished(ctx context.Context, n int) error {
 					return
 				}
 				k := finishedKey{scope: us[i%nUsers].email, key: "ride-" + strconv.Itoa(i), body: rideBody(nil, w, i)}
-				k.resp, errs[w] = runAtomicphase(ctx, runner, b.wf, k.scope, k.key, k.body, false)
+				k.resp, errs[w] = runAtomicphase(ctx, runner, b.wf, k.scope, k.key, k.body, false, false)
 				keys[i] = k
 			}
 		})
