@@ -110,6 +110,7 @@ type users struct {
 	m  map[string]*user
 }
 
+// get returns the user whose email is scope.
 func (u *users) get(scope string) (*user, bool) {
 	u.mu.RLock()
 	defer u.mu.RUnlock()
@@ -320,6 +321,7 @@ func runAtomicphase(ctx context.Context, runner *atomicphase.Runner, wf *atomicp
 
 // ---- (d) the floor of a replay, marked or not ----
 
+// pkSelectSQL reads the response columns of a key row by primary key.
 const pkSelectSQL = `SELECT response_status, response_header, response_body FROM idempotency_keys
 WHERE scope = $1 AND idempotency_key = $2`
 

@@ -7,29 +7,47 @@
 // The request is Rocket-Rides-shaped: record the idempotency key, insert a
 // ride, charge the rider at a payment API (an in-process fake, over HTTP on
 // loopback, with an idempotency key), record the charge on the ride, insert
-// an outbox row and store the response. Four designs answer it:
+// an outbox row and store the response. Five designs answer it:
 //
-//	(a) hand-written pgx: one statement records the key and inserts the
-//	    ride, the call, then one pipelined transaction (a batch, BEGIN …
-//	    COMMIT) records the charge, the outbox row and the response;
-//	(b) atomicphase: a local phase create_ride, a foreign phase charge
-//	    whose record step writes the rest and responds, through Runner.Run
-//	    (with -assume-new-keys, under WorkflowOpts.AssumeNewKeys);
-//	(c) replays of finished keys through Runner.Run;
-//	(d) a primary-key SELECT of a key row's response: the floor of (c).
+//	(a)  hand-written pgx: one statement records the key and inserts the
+//	     ride, the call, then one pipelined transaction (a batch, BEGIN …
+//	     COMMIT) records the charge, the outbox row and the response;
+//	(b)  atomicphase: a local phase create_ride, a foreign phase charge
+//	     whose record step writes the rest and responds, through Runner.Run,
+//	     for new keys, not marked as retries: the key's read heads
+//	     create_ride's batch, ahead of its recording, and a new key costs
+//	     two round trips, as (a) does;
+//	(c)  replays of finished keys through Runner.Run, not marked as
+//	     retries (Request.Retry false): one round trip, the batch headed
+//	     by the key's read, which finds the key finished; the start
+//	     function and create_ride ran to build it, and nothing they queued
+//	     reaches the database;
+//	(c') the same replays marked as retries (Request.Retry true): the key
+//	     is read first, in a round trip of its own, and no phase runs;
+//	(d)  a primary-key SELECT of a key row's response: the floor of (c)
+//	     and (c').
 //
 // With -read-first, (a) reads its key before it records it, in a round
 // trip of its own, as hand-written code must that answers a retry of a
-// finished request in one round trip, as (c) does: the round trip (b)
-// spends before a new key's first unit so that a replay runs no phase.
-// (a) then costs three round trips, as (b) does, and the ratio of (b) to
-// it is what the library costs beyond that promise.
+// finished request without running any of its work, as (c') does. (a)
+// then costs three round trips, one more than (b): what a new key marked
+// as a retry costs atomicphase.
+//
+// With -rtt D, every design's pool connects to PostgreSQL through an
+// in-process TCP proxy that adds D to every round trip: it holds each
+// chunk of bytes D/2 on its way to the server and D/2 on its way back
+// (with D 0, the default, there is no proxy). It adds latency, not a limit
+// on throughput; the connections that set up the database and check it
+// after each measurement bypass it. Its CPU time and allocations are this
+// process's: they count in the client columns. The report gives the mean
+// time it held a chunk: D/2 and the time the machine takes to wake a
+// sleeping thread, more on a busy machine.
 //
 // Every design runs at each concurrency in every round, interleaved, for a
 // fixed duration; after each measurement the database and the payment API
 // are checked (one ride, one charge and one outbox row per answered request,
-// no unfinished key), and any mismatch fails the command. docs/performance.md
-// explains the table it prints.
+// no unfinished key; after a replay design, nothing new), and any mismatch
+// fails the command. docs/performance.md explains the table it prints.
 //
 // It starts its own PostgreSQL (internal/pgtemp, durable settings) unless
 // DATABASE_URL is set, in which case it measures there with that server's
@@ -56,7 +74,7 @@ import (
 	"github.com/atomicphase/atomicphase/atomicphasetest/fakestripe"
 )
 
-// options are the command's flags.
+// options are the command's flags (parseFlags).
 type options struct {
 	duration    time.Duration
 	warmup      time.Duration
@@ -66,12 +84,14 @@ type options struct {
 	cpuprofile  string
 	memprofile  string
 	pgss        bool
-	assumeNew   bool
 	readFirst   bool
+	rtt         time.Duration
 	diagClients int
 	serverCores string
 }
 
+// parseFlags parses the command's arguments; errOut takes the usage text
+// and flag's own messages. An invalid value is an error, never a default.
 func parseFlags(args []string, errOut io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("bench-compare", flag.ContinueOnError)
 	fs.SetOutput(errOut)
@@ -81,11 +101,11 @@ func parseFlags(args []string, errOut io.Writer) (*options, error) {
 	fs.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "how long each design runs at each concurrency before the rounds, unmeasured")
 	fs.IntVar(&o.rounds, "rounds", 5, "how many rounds; each runs every design at every concurrency")
 	fs.IntVar(&o.replayKeys, "replay-keys", 2000, "how many finished keys the replay designs read")
-	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "after the rounds, run each design at -diag-clients clients once more and write this process's CPU profile of atomicphase (b) to `FILE`, and of (a), (c) and (d) to FILE with -handwritten, -replay and -pkselect before its extension")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "after the rounds, run each design at -diag-clients clients once more and write this process's CPU profile of atomicphase (b) to `FILE`, and of (a), (c), (c') and (d) to FILE with -handwritten, -replay, -replay-marked and -pkselect before its extension")
 	fs.StringVar(&o.memprofile, "memprofile", "", "like -cpuprofile, for the heap allocations of each design's extra run (go tool pprof -sample_index=alloc_objects FILE)")
 	fs.BoolVar(&o.pgss, "pgss", false, "enable pg_stat_statements and, after the rounds, print each design's top statements by total time at -diag-clients clients")
-	fs.BoolVar(&o.assumeNew, "assume-new-keys", false, "run (b) and (c) with WorkflowOpts.AssumeNewKeys: a new key's read rides in its first unit's batch")
-	fs.BoolVar(&o.readFirst, "read-first", false, "run (a) with a read of its key before it records it (a round trip of its own, as (b) has), as hand-written code that answers a replay in one round trip must")
+	fs.BoolVar(&o.readFirst, "read-first", false, "run (a) with a read of its key before it records it (a round trip of its own, as a request marked as a retry has), as hand-written code that answers a replay without running any of its work must")
+	fs.DurationVar(&o.rtt, "rtt", 0, "add `D` to every round trip between the designs' pools and PostgreSQL, through an in-process TCP proxy that holds each chunk of bytes D/2 each way (0: no proxy)")
 	fs.IntVar(&o.diagClients, "diag-clients", 8, "the concurrency of the -cpuprofile and -pgss runs")
 	fs.StringVar(&o.serverCores, "server-cores", "", "run the server bench-compare starts on these CPUs (taskset's `list`, e.g. 0-7), and pin this command elsewhere yourself (taskset -c 8-15 bench-compare …)")
 	if err := fs.Parse(args); err != nil {
@@ -110,14 +130,14 @@ func parseFlags(args []string, errOut io.Writer) (*options, error) {
 		return nil, errors.New("-replay-keys must be at least 1")
 	case o.diagClients < 1:
 		return nil, errors.New("-diag-clients must be at least 1")
-	case o.readFirst && o.assumeNew:
-		// -read-first gives (a) the round trip (b) spends on its read;
-		// under -assume-new-keys (b) spends none.
-		return nil, errors.New("-read-first and -assume-new-keys measure different things: use one at a time")
+	case o.rtt < 0:
+		return nil, errors.New("-rtt must not be negative")
 	}
 	return o, nil
 }
 
+// main parses the flags, runs the measurements until done or
+// interrupted, and exits 2 for bad flags, 1 for a failed run.
 func main() {
 	opts, err := parseFlags(os.Args[1:], os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
@@ -136,6 +156,7 @@ func main() {
 	}
 }
 
+// run measures as o says and writes the report to out.
 func run(ctx context.Context, o *options, out io.Writer) error {
 	began := time.Now()
 	maxClients := slices.Max(append(slices.Clone(o.clients), o.diagClients))
@@ -143,7 +164,7 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 	fmt.Fprintf(out, "machine: %d CPUs (%s), GOMAXPROCS %d, %s %s/%s, load average %s; clients, the fake payment API and PostgreSQL share the CPUs\n",
 		runtime.NumCPU(), cpuModel(), runtime.GOMAXPROCS(0), runtime.Version(), runtime.GOOS, runtime.GOARCH, loadAverage())
 
-	url, serverCPU, stopServer, err := openServer(ctx, out, 4*maxClients+8, o.pgss, o.serverCores)
+	url, serverCPU, stopServer, err := openServer(ctx, out, 5*maxClients+8, o.pgss, o.serverCores)
 	if err != nil {
 		return err
 	}
@@ -166,19 +187,25 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 	defer fake.Close()
 	fmt.Fprintf(out, "payment API: fakestripe at %s, in this process\n", fake.URL)
 
-	b, err := newBench(ctx, db.config, db.admin, fake, maxClients, designOpts{assumeNew: o.assumeNew, readFirst: o.readFirst})
+	b, err := newBench(ctx, db.config, db.admin, fake, maxClients, designOpts{readFirst: o.readFirst, rtt: o.rtt})
 	if err != nil {
 		return err
 	}
 	defer b.close()
+	if b.proxy != nil {
+		fmt.Fprintf(out, "network: -rtt %s: every design's pool connects through an in-process proxy at %s that holds each chunk %s on its way to the server and %s on its way back; set-up and checks connect directly\n",
+			o.rtt, b.proxy.addr(), b.proxy.toServer, b.proxy.toClient)
+	} else {
+		fmt.Fprintf(out, "network: -rtt 0: every design's pool connects to the server directly\n")
+	}
 	b.serverCPU = serverCPU
 	t0 := time.Now()
 	if err := b.createFinished(ctx, o.replayKeys); err != nil {
 		return fmt.Errorf("create the keys to replay: %w", err)
 	}
 	fmt.Fprintf(out, "replay pool: %d keys finished through atomicphase in %s, verified\n", o.replayKeys, time.Since(t0).Round(time.Millisecond))
-	fmt.Fprintf(out, "plan: %d rounds × clients %s × 4 designs × %s, interleaved (each ratio's two designs back to back, the order changing each round), after a %s warm-up of each\n",
-		o.rounds, joinInts(o.clients), o.duration, o.warmup)
+	fmt.Fprintf(out, "plan: %d rounds × clients %s × %d designs × %s, interleaved (each ratio's two designs back to back, the order changing each round), after a %s warm-up of each\n",
+		o.rounds, joinInts(o.clients), len(b.designs), o.duration, o.warmup)
 
 	for _, n := range o.clients {
 		for _, d := range b.designs {
@@ -217,6 +244,11 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "\nall %d measurements verified: one ride, one charge (database and payment API) and one outbox row per answered request; no unfinished key\n", cells)
 	rs.print(out, o.clients, b.designs)
+	if b.proxy != nil {
+		held, n := b.proxy.meanHeld()
+		fmt.Fprintf(out, "\nproxy (-rtt %s), whole run: held %d chunks a mean of %s each (asked %s each way): about %s added per round trip\n",
+			o.rtt, n, held.Round(time.Microsecond), b.proxy.toServer, (2 * held).Round(time.Microsecond))
+	}
 	if err := printHOT(ctx, out, b); err != nil {
 		return err
 	}
@@ -332,14 +364,15 @@ func writeHeapProfile(file string) error {
 	return f.Close()
 }
 
-// roundOrder is the order the designs run in, in round r (from 1): each
-// ratio's two designs, (a) with (b) and (c) with (d), run next to each
-// other, so that a change in the machine's load between them is short;
-// which pair goes first and which design of each pair goes first changes
-// from round to round.
+// roundOrder is the order the designs (a, b, c, c', d, as newBench
+// gives them) run in, in round r (from 1): each ratio's two designs, (a)
+// with (b), (c) with (d) and (c') with (d), run next to each other, (d)
+// between the replays, so that a change in the machine's load between
+// them is short; which group goes first and the order within each group
+// change from round to round.
 func roundOrder(d []*design, r int) []*design {
-	a, b, c, dd := d[0], d[1], d[2], d[3]
-	orders := [][]*design{{a, b, c, dd}, {dd, c, b, a}, {b, a, dd, c}, {c, dd, a, b}}
+	a, b, c, cm, dd := d[0], d[1], d[2], d[3], d[4]
+	orders := [][]*design{{a, b, c, dd, cm}, {cm, dd, c, b, a}, {b, a, cm, dd, c}, {c, dd, cm, a, b}}
 	return orders[(r-1)%len(orders)]
 }
 
@@ -370,10 +403,10 @@ func loadAverage() string {
 }
 
 // profileFile names the CPU profile of design code: name itself for
-// atomicphase (b), name with -handwritten, -replay or -pkselect before its
-// extension for the others.
+// atomicphase (b), name with -handwritten, -replay, -replay-marked or
+// -pkselect before its extension for the others.
 func profileFile(name, code string) string {
-	suffix := map[string]string{"a": "-handwritten", "c": "-replay", "d": "-pkselect"}[code]
+	suffix := map[string]string{"a": "-handwritten", "c": "-replay", "c'": "-replay-marked", "d": "-pkselect"}[code]
 	ext := filepath.Ext(name)
 	return strings.TrimSuffix(name, ext) + suffix + ext
 }
@@ -386,6 +419,7 @@ func clientsLabel(n int) string {
 	return fmt.Sprintf("%d clients", n)
 }
 
+// joinInts writes xs comma-separated.
 func joinInts(xs []int) string {
 	s := make([]string, len(xs))
 	for i, x := range xs {

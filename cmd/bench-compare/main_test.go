@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -51,8 +53,9 @@ func TestMeasureCountsAndVerifies(t *testing.T) {
 		opts designOpts
 	}{
 		{"as it is", designOpts{}},
-		{"assume-new-keys", designOpts{assumeNew: true}},
 		{"read-first", designOpts{readFirst: true}},
+		{"rtt", designOpts{rtt: time.Millisecond}},
+		{"read-first and rtt", designOpts{readFirst: true, rtt: time.Millisecond}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			measureCountsAndVerifies(t, tc.opts)
@@ -65,15 +68,15 @@ func measureCountsAndVerifies(t *testing.T, opts designOpts) {
 	b := newTestBench(t, 1, opts)
 	require.NoError(t, b.createFinished(ctx, 20))
 	want := map[string]struct{ trips, commits int64 }{
-		"a": {2, 2}, // the key and ride; the batch with the charge, outbox row and response
-		"b": {3, 2}, // the key read; create_ride with the key's recording; charge's record step with the response
-		"c": {1, 0}, // the key read
-		"d": {1, 0},
+		"a":  {2, 2}, // the key and ride; the batch with the charge, outbox row and response
+		"b":  {2, 2}, // the key's read, its recording and create_ride; charge's record step with the response
+		"c":  {1, 0}, // the batch the key's read heads, which finds it finished
+		"c'": {1, 0}, // the key's read
+		"d":  {1, 0},
 	}
-	if opts.assumeNew {
-		// The key's read rides with create_ride and the key's recording.
-		want["b"] = struct{ trips, commits int64 }{2, 2}
-	}
+	// What tells the replays apart: an unmarked one's round trip is the
+	// first unit's batch, a marked one's the key's read alone.
+	batches := map[string]int64{"a": 1, "c": 1, "c'": 0, "d": 0}
 	if opts.readFirst {
 		// The key's read, then as without it.
 		want["a"] = struct{ trips, commits int64 }{3, 2}
@@ -88,6 +91,9 @@ func measureCountsAndVerifies(t *testing.T, opts designOpts) {
 		w := want[d.code]
 		require.Equal(t, w.trips*res.requests, res.counts.trips, "(%s) %s: round trips for %d requests", d.code, d.name, res.requests)
 		require.Equal(t, w.commits*res.requests, res.counts.commits, "(%s) %s: commits for %d requests", d.code, d.name, res.requests)
+		if b, ok := batches[d.code]; ok {
+			require.Equal(t, b*res.requests, res.counts.batches, "(%s) %s: batches for %d requests", d.code, d.name, res.requests)
+		}
 		// Transactions that wrote, counted by the server: at least the
 		// tracer's commits (another test process may share the server).
 		require.GreaterOrEqual(t, res.xids, w.commits*res.requests, d.name)
@@ -95,6 +101,15 @@ func measureCountsAndVerifies(t *testing.T, opts designOpts) {
 		if d.fresh {
 			require.Positive(t, res.walBytes, d.name)
 		}
+	}
+	if opts.rtt > 0 {
+		// Every design's pool went through the proxy, which held each
+		// chunk at least its time.
+		held, n := b.proxy.meanHeld()
+		require.Positive(t, n)
+		require.GreaterOrEqual(t, held, opts.rtt/2)
+	} else {
+		require.Nil(t, b.proxy)
 	}
 }
 
@@ -146,6 +161,44 @@ func TestMeasureFailsAWrongAnswer(t *testing.T) {
 	}
 }
 
+// TestMeasureFailsAWrongReplay checks that the verification after a
+// replay design, marked or not, catches one that changed anything.
+func TestMeasureFailsAWrongReplay(t *testing.T) {
+	ctx := context.Background()
+	b := newTestBench(t, 1, designOpts{})
+	require.NoError(t, b.createFinished(ctx, 5))
+	for _, code := range []string{"c", "c'"} {
+		r := b.design(code)
+		for _, tc := range []struct {
+			name, want string
+			wrong      func(ctx context.Context) error
+		}{
+			{"a ride", "replays added", func(ctx context.Context) error {
+				_, err := b.admin.Exec(ctx, `INSERT INTO rides (idempotency_key, user_id, origin_lat, origin_lon, target_lat, target_lon)
+					SELECT 'extra', id, 0, 0, 0, 0 FROM users LIMIT 1`)
+				return err
+			}},
+			{"a charge", "the payment API got", func(ctx context.Context) error {
+				_, err := b.pay.Charge(ctx, "cus_extra", "extra-"+strconv.FormatInt(time.Now().UnixNano(), 10), "extra", amount, currency)
+				return err
+			}},
+		} {
+			t.Run(code+" "+tc.name, func(t *testing.T) {
+				wrong := &design{code: code, name: "wrong: " + tc.name, pool: r.pool, trace: r.trace,
+					do: func(ctx context.Context, c *client) error {
+						if err := r.do(ctx, c); err != nil {
+							return err
+						}
+						return tc.wrong(ctx)
+					}}
+				_, err := b.measure(ctx, wrong, "bad", 1, 50*time.Millisecond, nil)
+				require.ErrorContains(t, err, "VERIFICATION FAILED")
+				require.ErrorContains(t, err, tc.want)
+			})
+		}
+	}
+}
+
 // TestTracerCounts checks the tracer's rules on statements the designs do
 // not send: a write in autocommit, a batch without BEGIN (its implicit
 // transaction commits once), a read, and a transaction begun by pgx.
@@ -153,7 +206,7 @@ func TestTracerCounts(t *testing.T) {
 	ctx := context.Background()
 	b := newTestBench(t, 1, designOpts{})
 	pool, tr := b.design("d").pool, b.design("d").trace
-	step := func(what string, trips, commits int64, f func() error) {
+	step := func(what string, trips, commits, batches int64, f func() error) {
 		t.Helper()
 		before := tr.snapshot()
 		require.NoError(t, f(), what)
@@ -161,36 +214,36 @@ func TestTracerCounts(t *testing.T) {
 		before = tr.snapshot()
 		require.NoError(t, f(), what)
 		got := tr.snapshot().minus(before)
-		require.Equal(t, counts{trips: trips, commits: commits}, got, what)
+		require.Equal(t, counts{trips: trips, commits: commits, batches: batches}, got, what)
 	}
-	step("a read", 1, 0, func() error {
+	step("a read", 1, 0, 0, func() error {
 		var n int
 		return pool.QueryRow(ctx, "SELECT 1").Scan(&n)
 	})
-	step("an autocommit insert", 1, 1, func() error {
+	step("an autocommit insert", 1, 1, 0, func() error {
 		_, err := pool.Exec(ctx, "INSERT INTO users (email, stripe_customer_id) VALUES (gen_random_uuid()::text, 'c')")
 		return err
 	})
-	step("a batch without BEGIN, writing twice", 1, 1, func() error {
+	step("a batch without BEGIN, writing twice", 1, 1, 1, func() error {
 		bt := &pgx.Batch{}
 		bt.Queue("INSERT INTO users (email, stripe_customer_id) VALUES (gen_random_uuid()::text, 'c')")
 		bt.Queue("SELECT 1")
 		bt.Queue("UPDATE users SET stripe_customer_id = 'd' WHERE false")
 		return pool.SendBatch(ctx, bt).Close()
 	})
-	step("a read-only batch", 1, 0, func() error {
+	step("a read-only batch", 1, 0, 1, func() error {
 		bt := &pgx.Batch{}
 		bt.Queue("SELECT 1")
 		bt.Queue("SELECT 2")
 		return pool.SendBatch(ctx, bt).Close()
 	})
-	step("pgx.BeginFunc with a write", 3, 1, func() error {
+	step("pgx.BeginFunc with a write", 3, 1, 0, func() error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, "INSERT INTO users (email, stripe_customer_id) VALUES (gen_random_uuid()::text, 'c')")
 			return err
 		})
 	})
-	step("a rolled-back transaction", 3, 0, func() error {
+	step("a rolled-back transaction", 3, 0, 0, func() error {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
 			return err
@@ -209,43 +262,60 @@ func TestParseFlags(t *testing.T) {
 	require.Equal(t, 5, o.rounds)
 	require.Equal(t, 3*time.Second, o.duration)
 
+	require.Zero(t, o.rtt)
+	require.False(t, o.readFirst)
+
 	o, err = parseFlags([]string{"-clients", "2, 4", "-rounds", "1", "-duration", "1s", "-pgss", "-cpuprofile", "x.prof", "-memprofile", "m.prof", "-read-first"}, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, []int{2, 4}, o.clients)
 	require.True(t, o.pgss)
 	require.True(t, o.readFirst)
-	require.False(t, o.assumeNew)
+	require.Zero(t, o.rtt)
 	require.Equal(t, "x.prof", o.cpuprofile)
 	require.Equal(t, "m.prof", o.memprofile)
 
-	for _, bad := range [][]string{{"-clients", "0"}, {"-clients", "x"}, {"-rounds", "0"}, {"-duration", "0s"}, {"extra"}, {"-read-first", "-assume-new-keys"}} {
+	o, err = parseFlags([]string{"-rtt", "500us", "-read-first"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, 500*time.Microsecond, o.rtt)
+	require.True(t, o.readFirst)
+	o, err = parseFlags([]string{"-rtt", "0"}, io.Discard)
+	require.NoError(t, err)
+	require.Zero(t, o.rtt)
+
+	for _, bad := range [][]string{{"-clients", "0"}, {"-clients", "x"}, {"-rounds", "0"}, {"-duration", "0s"}, {"extra"},
+		{"-rtt", "-1ms"}, {"-rtt", "x"}, {"-rtt", "500"},
+		{"-assume-new-keys"}, // removed: WorkflowOpts.AssumeNewKeys does nothing now
+	} {
 		_, err := parseFlags(bad, io.Discard)
 		require.Error(t, err, "%q", bad)
 	}
 }
 
+// TestRoundOrderKeepsPairsTogether checks that every round runs every
+// design once, each ratio's two designs back to back.
 func TestRoundOrderKeepsPairsTogether(t *testing.T) {
-	ds := []*design{{code: "a"}, {code: "b"}, {code: "c"}, {code: "d"}}
+	ds := []*design{{code: "a"}, {code: "b"}, {code: "c"}, {code: "c'"}, {code: "d"}}
 	firsts := map[string]bool{}
 	for r := 1; r <= 4; r++ {
-		var codes string
+		var codes []string
 		for _, d := range roundOrder(ds, r) {
-			codes += d.code
+			codes = append(codes, d.code)
 		}
-		require.Len(t, codes, 4)
-		for _, pair := range []string{"ab", "cd"} {
-			i, j := strings.IndexByte(codes, pair[0]), strings.IndexByte(codes, pair[1])
-			require.Equal(t, 1, max(i, j)-min(i, j), "round %d: %s", r, codes)
+		require.ElementsMatch(t, []string{"a", "b", "c", "c'", "d"}, codes, "round %d", r)
+		for _, pair := range [][2]string{{"a", "b"}, {"c", "d"}, {"c'", "d"}} {
+			i, j := slices.Index(codes, pair[0]), slices.Index(codes, pair[1])
+			require.Equal(t, 1, max(i, j)-min(i, j), "round %d: %q", r, codes)
 		}
-		firsts[codes[:1]] = true
+		firsts[codes[0]] = true
 	}
-	require.Len(t, firsts, 4, "each design goes first once in four rounds")
+	require.Len(t, firsts, 4, "four designs go first in four rounds")
 }
 
 func TestProfileFile(t *testing.T) {
 	require.Equal(t, "/tmp/ap.prof", profileFile("/tmp/ap.prof", "b"))
 	require.Equal(t, "/tmp/ap-handwritten.prof", profileFile("/tmp/ap.prof", "a"))
 	require.Equal(t, "ap-replay", profileFile("ap", "c"))
+	require.Equal(t, "/tmp/ap-replay-marked.prof", profileFile("/tmp/ap.prof", "c'"))
 	require.Equal(t, "x.y/ap-pkselect.out", profileFile("x.y/ap.out", "d"))
 }
 

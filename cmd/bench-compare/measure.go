@@ -261,6 +261,7 @@ type cellResult struct {
 	others float64
 }
 
+// perSecond is the measurement's throughput: requests answered a second.
 func (r *cellResult) perSecond() float64 { return float64(r.requests) / r.elapsed.Seconds() }
 
 // dbSnapshot is what the server and the fake payment API have done so far.
@@ -273,6 +274,7 @@ type dbSnapshot struct {
 	requests int // charge requests it received
 }
 
+// snapshotDB reads where the server and the payment API stand.
 func (b *bench) snapshotDB(ctx context.Context) (dbSnapshot, error) {
 	s := dbSnapshot{charges: len(b.fake.Charges()), requests: b.fake.Requests()}
 	err := b.admin.QueryRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint,

@@ -17,10 +17,13 @@ type results struct {
 	cells  map[int]map[string][]*cellResult
 }
 
+// newResults holds the measurements of the given number of rounds.
 func newResults(rounds int) *results {
 	return &results{rounds: rounds, cells: map[int]map[string][]*cellResult{}}
 }
 
+// add records a measurement, after its design's at the same concurrency
+// in earlier rounds.
 func (rs *results) add(r *cellResult) {
 	if rs.cells[r.clients] == nil {
 		rs.cells[r.clients] = map[string][]*cellResult{}
@@ -28,6 +31,7 @@ func (rs *results) add(r *cellResult) {
 	rs.cells[r.clients][r.design] = append(rs.cells[r.clients][r.design], r)
 }
 
+// median is the median of xs, 0 for none.
 func median(xs []float64) float64 {
 	if len(xs) == 0 {
 		return 0
@@ -40,6 +44,7 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
+// medianOf is the median of f over cells.
 func medianOf(cells []*cellResult, f func(*cellResult) float64) float64 {
 	xs := make([]float64, len(cells))
 	for i, c := range cells {
@@ -58,6 +63,7 @@ func perRequest(cells []*cellResult, f func(*cellResult) float64) float64 {
 	return sum / n
 }
 
+// ms writes d, a time in nanoseconds, in milliseconds.
 func ms(d float64) string { return fmt.Sprintf("%.2fms", d/float64(time.Millisecond)) }
 
 // ratios returns, round by round, num's req/s over den's, and their median.
@@ -70,6 +76,7 @@ func (rs *results) ratios(clients int, num, den string) ([]float64, float64) {
 	return out, median(out)
 }
 
+// fmtRatios writes xs space-separated, two decimals each.
 func fmtRatios(xs []float64) string {
 	s := make([]string, len(xs))
 	for i, x := range xs {
@@ -118,20 +125,43 @@ func (rs *results) print(out io.Writer, clients []int, designs []*design) {
 			fmt.Fprintf(out, "  other work on the machine during these measurements: median %.0f%%, at most %.0f%% of the CPUs\n",
 				100*median(others), 100*slices.Max(others))
 		}
-		if xs, m := rs.ratios(n, "b", "a"); len(xs) > 0 {
-			fmt.Fprintf(out, "  atomicphase / hand-written req/s, by round: %s → median %.2f\n", fmtRatios(xs), m)
-		}
-		if xs, m := rs.ratios(n, "c", "d"); len(xs) > 0 {
-			fmt.Fprintf(out, "  replay / PK select req/s, by round:         %s → median %.2f\n", fmtRatios(xs), m)
+		for _, r := range reportedRatios {
+			if xs, m := rs.ratios(n, r.num, r.den); len(xs) > 0 {
+				fmt.Fprintf(out, "  %-45s %s → median %.2f\n", r.label+" req/s, by round:", fmtRatios(xs), m)
+			}
 		}
 	}
 	fmt.Fprintf(out, "\nratios of req/s (median over rounds of the ratio within each round)\n")
-	fmt.Fprintf(out, "%-8s %26s %20s\n", "clients", "atomicphase/hand-written", "replay/PK select")
-	for _, n := range clients {
-		_, ab := rs.ratios(n, "b", "a")
-		_, cd := rs.ratios(n, "c", "d")
-		fmt.Fprintf(out, "%-8d %26.2f %20.2f\n", n, ab, cd)
+	fmt.Fprintf(out, "%-8s", "clients")
+	for _, r := range reportedRatios {
+		fmt.Fprintf(out, " %*s", r.width(), r.column)
 	}
+	fmt.Fprintln(out)
+	for _, n := range clients {
+		fmt.Fprintf(out, "%-8d", n)
+		for _, r := range reportedRatios {
+			_, m := rs.ratios(n, r.num, r.den)
+			fmt.Fprintf(out, " %*.2f", r.width(), m)
+		}
+		fmt.Fprintln(out)
+	}
+}
+
+// ratio is a ratio of two designs' req/s that the report gives: num's
+// over den's, by round under label, and in the summary under column.
+type ratio struct {
+	num, den, label, column string
+}
+
+// width is the summary column's width: room for its heading (ASCII) and
+// two spaces before it, and at least 20.
+func (r ratio) width() int { return max(20, len(r.column)+2) }
+
+// reportedRatios are the ratios the report gives, in its order.
+var reportedRatios = []ratio{
+	{"b", "a", "atomicphase / hand-written", "atomicphase/hand-written"},
+	{"c", "d", "replay / PK select", "replay/PK select"},
+	{"c'", "d", "replay (marked) / PK select", "replay (marked)/PK select"},
 }
 
 // pgssTop prints the statements that took the most server time since the

@@ -226,9 +226,11 @@ type serverInfo struct {
 	settings []string // name=value
 }
 
+// reportedSettings are the server settings the report gives.
 var reportedSettings = []string{"fsync", "synchronous_commit", "full_page_writes", "wal_sync_method",
 	"shared_buffers", "max_wal_size", "checkpoint_timeout", "max_connections", "shared_preload_libraries"}
 
+// readServerInfo reads the server's version and reportedSettings.
 func readServerInfo(ctx context.Context, pool *pgxpool.Pool) (serverInfo, error) {
 	var info serverInfo
 	if err := pool.QueryRow(ctx, "SELECT version()").Scan(&info.version); err != nil {

@@ -11,12 +11,13 @@ import (
 )
 
 // tracer counts, on one design's pool, the round trips and the commits its
-// requests cost. It is a pgx tracer (query, batch and prepare):
+// requests cost, and which round trips were batches. It is a pgx tracer
+// (query, batch and prepare):
 //
 //   - a round trip is a Query, QueryRow or Exec (one TraceQueryStart), a
-//     SendBatch (one TraceBatchStart, however many statements it carries),
-//     or a Prepare that went to the server (pgx's statement cache missed;
-//     none after the warm-up);
+//     SendBatch (one TraceBatchStart, however many statements it carries;
+//     a batch, too), or a Prepare that went to the server (pgx's statement
+//     cache missed; none after the warm-up);
 //   - a commit is a statement whose command tag is COMMIT (sent alone or in
 //     a batch; a COMMIT of a failed transaction answers ROLLBACK and does
 //     not count), or a statement that writes (INSERT, UPDATE, DELETE or MERGE
@@ -30,8 +31,9 @@ import (
 // server-side count of transaction ids (cellResult.xids) has no such blind
 // spot, and the report shows both.
 type tracer struct {
-	trips   atomic.Int64
-	commits atomic.Int64
+	trips       atomic.Int64
+	commits     atomic.Int64
+	batchesSent atomic.Int64
 
 	// batches holds, per connection, whether the batch being read is
 	// inside a transaction block and whether it wrote outside one. A
@@ -39,6 +41,8 @@ type tracer struct {
 	batches sync.Map // *pgx.Conn → *batchState
 }
 
+// batchState is what the tracer knows of the batch a connection is
+// reading.
 type batchState struct {
 	inBlock   bool
 	autoWrite bool
@@ -51,14 +55,16 @@ var (
 )
 
 // counts is a snapshot of a tracer's counters.
-type counts struct{ trips, commits int64 }
+type counts struct{ trips, commits, batches int64 }
 
+// snapshot reads the tracer's counters.
 func (t *tracer) snapshot() counts {
-	return counts{trips: t.trips.Load(), commits: t.commits.Load()}
+	return counts{trips: t.trips.Load(), commits: t.commits.Load(), batches: t.batchesSent.Load()}
 }
 
+// minus is what was counted between o and c.
 func (c counts) minus(o counts) counts {
-	return counts{trips: c.trips - o.trips, commits: c.commits - o.commits}
+	return counts{trips: c.trips - o.trips, commits: c.commits - o.commits, batches: c.batches - o.batches}
 }
 
 // writes reports a command tag of a statement that changes data.
@@ -69,11 +75,13 @@ func writes(tag pgconn.CommandTag) bool {
 	return strings.HasPrefix(tag.String(), "MERGE")
 }
 
+// TraceQueryStart counts a statement sent alone: a round trip.
 func (t *tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	t.trips.Add(1)
 	return ctx
 }
 
+// TraceQueryEnd counts a statement sent alone that committed.
 func (t *tracer) TraceQueryEnd(_ context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
 	if data.Err != nil {
 		return
@@ -86,8 +94,10 @@ func (t *tracer) TraceQueryEnd(_ context.Context, conn *pgx.Conn, data pgx.Trace
 	}
 }
 
+// TraceBatchStart counts a batch: a round trip.
 func (t *tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
 	t.trips.Add(1)
+	t.batchesSent.Add(1)
 	st, ok := t.batches.Load(conn)
 	if !ok {
 		st, _ = t.batches.LoadOrStore(conn, &batchState{})
@@ -99,6 +109,8 @@ func (t *tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, _ pgx.Trac
 	return ctx
 }
 
+// TraceBatchQuery follows a batch's statements: a COMMIT commits, and
+// a write outside a transaction block commits with the batch.
 func (t *tracer) TraceBatchQuery(_ context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
 	st, ok := t.batches.Load(conn)
 	if !ok || data.Err != nil {
@@ -118,6 +130,8 @@ func (t *tracer) TraceBatchQuery(_ context.Context, conn *pgx.Conn, data pgx.Tra
 	}
 }
 
+// TraceBatchEnd counts the commit of a batch's implicit transaction,
+// when one of its statements wrote outside a transaction block.
 func (t *tracer) TraceBatchEnd(_ context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
 	st, ok := t.batches.Load(conn)
 	if !ok {
@@ -128,10 +142,12 @@ func (t *tracer) TraceBatchEnd(_ context.Context, conn *pgx.Conn, data pgx.Trace
 	}
 }
 
+// TracePrepareStart does nothing: TracePrepareEnd counts.
 func (t *tracer) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
 	return ctx
 }
 
+// TracePrepareEnd counts a Prepare that went to the server: a round trip.
 func (t *tracer) TracePrepareEnd(_ context.Context, _ *pgx.Conn, data pgx.TracePrepareEndData) {
 	if !data.AlreadyPrepared {
 		t.trips.Add(1)
