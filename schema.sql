@@ -1067,8 +1067,12 @@ CREATE OR REPLACE FUNCTION atomicphase_state_name(p_status "char")
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$
-    SELECT CASE p_status WHEN 'r' THEN 'running' WHEN 'w' THEN 'waiting' WHEN 'u' THEN 'unknown'
-                         WHEN 'p' THEN 'parked' WHEN 'f' THEN 'finished' END
+    -- A searched CASE: Citus deparses a simple one (CASE p_status WHEN …),
+    -- inlined into a statement it sends a worker, into a comparison of
+    -- "char" with boolean, which fails there.
+    SELECT CASE WHEN p_status = 'r' THEN 'running' WHEN p_status = 'w' THEN 'waiting'
+                WHEN p_status = 'u' THEN 'unknown' WHEN p_status = 'p' THEN 'parked'
+                WHEN p_status = 'f' THEN 'finished' END
 $function$;
 COMMENT ON FUNCTION atomicphase_state_name(p_status "char") IS 'A state''s name (running, waiting, unknown, parked, finished) from its letter.';
 

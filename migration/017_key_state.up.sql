@@ -118,8 +118,12 @@ $$;
 -- console: running, waiting, unknown, parked, finished.
 CREATE FUNCTION /* TEMPLATE: schema */atomicphase_state_name(p_status "char")
 RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE p_status WHEN 'r' THEN 'running' WHEN 'w' THEN 'waiting' WHEN 'u' THEN 'unknown'
-                         WHEN 'p' THEN 'parked' WHEN 'f' THEN 'finished' END
+    -- A searched CASE: Citus deparses a simple one (CASE p_status WHEN …),
+    -- inlined into a statement it sends a worker, into a comparison of
+    -- "char" with boolean, which fails there.
+    SELECT CASE WHEN p_status = 'r' THEN 'running' WHEN p_status = 'w' THEN 'waiting'
+                WHEN p_status = 'u' THEN 'unknown' WHEN p_status = 'p' THEN 'parked'
+                WHEN p_status = 'f' THEN 'finished' END
 $$;
 
 -- atomicphase_key_event writes an event of a key's history, when the key
