@@ -89,7 +89,7 @@ func TestAssumeNewKeysReplayTakesNoTransactionID(t *testing.T) {
 	require.NoError(t, err)
 	ctx := context.Background()
 	wf := assumeWorkflow(t, &assumeShop{charges: map[string]int{}}, false)
-	for _, key := range []string{"warm-up", "k1"} { // the first learns that migration 020 is applied
+	for _, key := range []string{"warm-up", "k1"} { // the first learns that migration 019 is applied
 		resp, err := runner.Run(ctx, wf, assumeRequest(key, "rocket"))
 		require.NoError(t, err)
 		require.False(t, resp.Replayed)
@@ -122,7 +122,7 @@ func TestAssumeNewKeysReplayTakesNoTransactionID(t *testing.T) {
 }
 
 // A replay with AssumeNewKeys is answered from the key's read whoever
-// refuses the recording behind it: on a schema without migration 020 the
+// refuses the recording behind it: on a schema without migration 019 the
 // claim, which goes alone after the read; and while another session holds
 // the claim's lock on the key (a request taking it over), the read's own
 // claim (AP002), as the recording's would. Either way the answer is the
@@ -176,7 +176,7 @@ func TestAssumeNewKeysReplayIsAnsweredWhateverRefusesItsRecording(t *testing.T) 
 }
 
 // With AssumeNewKeys, on a database whose recording function is gone (a
-// pool at an older schema behind a Router, migration 020 rolled back), a
+// pool at an older schema behind a Router, migration 019 rolled back), a
 // new key is taken on its own, as without the option, and a replay is
 // still answered: pgx's failure to prepare the batch (the function does
 // not exist) comes with the key's read, the batch's first result, and is

@@ -95,7 +95,12 @@ func TestForeignKeyViolationIsAFinal422(t *testing.T) {
 		require.Equal(t, 422, resp.Status)
 		require.Equal(t, first.Body, resp.Body)
 	}
-	require.Equal(t, 1+15, runs, "the phase ran once, and was built by each unmarked retry")
+	if atomicphasetest.OnCitus() {
+		// On Citus every request reads its key first (docs/scale.md).
+		require.Equal(t, 1, runs, "the phase ran once")
+	} else {
+		require.Equal(t, 1+15, runs, "the phase ran once, and was built by each unmarked retry")
+	}
 	info, err := b.runner.Inspect(b.ctx, "u", "k")
 	require.NoError(t, err)
 	require.Equal(t, atomicphase.KeyFinished, info.Status)

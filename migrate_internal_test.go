@@ -40,7 +40,7 @@ func TestSplitStatements(t *testing.T) {
 			require.NotEmpty(t, stmts)
 			for _, s := range stmts {
 				require.Equal(t, 0, strings.Count(s, "$$")%2, "migration %03d %s: a body is kept whole:\n%s", m.Version, dir, s)
-				require.Regexp(t, `(?m)^\s*(CREATE|DROP|ALTER|DO|SELECT|UPDATE|INSERT|DELETE|SET|GRANT|REVOKE)\b`, s, "migration %03d %s", m.Version, dir)
+				require.Regexp(t, `(?m)^\s*(CREATE|DROP|ALTER|DO|SELECT|UPDATE|INSERT|DELETE|SET|GRANT|REVOKE|COMMENT)\b`, s, "migration %03d %s", m.Version, dir)
 			}
 			if n, ok := count[fmt.Sprintf("%03d %s", m.Version, dir)]; ok {
 				require.Len(t, stmts, n, "migration %03d %s", m.Version, dir)

@@ -309,7 +309,7 @@ func TestDuplicatesOfAKeyRecordedAtTheHeadOfItsUnitAreRefusedAtOnce(t *testing.T
 	require.True(t, resp.Replayed)
 }
 
-// A Runner that learnt migration 020 is applied and then meets a database
+// A Runner that learnt migration 019 is applied and then meets a database
 // without it (a pool of an older schema behind a Router, 020 rolled back)
 // takes the key on its own, as one recorded meanwhile, and runs the
 // request: nothing of the failed batch ran, and the key is not parked.
@@ -342,7 +342,7 @@ func TestARecordingWithoutItsFunctionTakesTheKeyOnItsOwn(t *testing.T) {
 			db, r, log := recordFirstDB(t, 0, "")
 			ctx := context.Background()
 			wf := queuing("whole", tc.stmts...)
-			_, err := r.Run(ctx, wf, postKey("warm")) // learns that migration 020 is applied
+			_, err := r.Run(ctx, wf, postKey("warm")) // learns that migration 019 is applied
 			require.NoError(t, err)
 			_, err = db.Pool.Exec(ctx, `DROP FUNCTION atomicphase_record_first(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)`)
 			require.NoError(t, err)
@@ -412,7 +412,7 @@ func TestARecordingAtTheHeadOfItsUnitCommitsWithIt(t *testing.T) {
 				require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE phase = 'head'`).Scan(&n))
 				return n
 			}
-			_, err := r.Run(ctx, queuing("warm"), postKey("warm")) // learns that migration 020 is applied
+			_, err := r.Run(ctx, queuing("warm"), postKey("warm")) // learns that migration 019 is applied
 			require.NoError(t, err)
 			log.units()
 			wf := queuing("head", effect, tc.then)
@@ -445,15 +445,15 @@ func TestARecordingAtTheHeadOfItsUnitCommitsWithIt(t *testing.T) {
 	}
 }
 
-// A Runner started on a schema before migration 020 claims first; once
-// 020 is applied it records keys at the head of their units from its next
+// A Runner started on a schema before migration 019 claims first; once
+// 019 is applied it records keys at the head of their units from its next
 // recording of its versions (each sweep does one).
-func TestARunnerRecordsAtTheHeadOnceMigration020IsApplied(t *testing.T) {
+func TestARunnerRecordsAtTheHeadOnceMigration019IsApplied(t *testing.T) {
 	if !atomicphasetest.OnCitus() {
 		t.Skip("on one PostgreSQL a key's recording is a plain statement: no function of it can be missing")
 	}
 	t.Parallel()
-	db, r, log := recordFirstDB(t, 19, "")
+	db, r, log := recordFirstDB(t, 18, "")
 	ctx := context.Background()
 	wf := queuing("later", `INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'later')`)
 	_, err := r.Run(ctx, wf, postKey("a"))
@@ -478,7 +478,7 @@ func TestAKeyRecordedMeanwhileStopsTheUnitAtItsHead(t *testing.T) {
 	t.Parallel()
 	db, r, log := recordFirstDB(t, 0, "")
 	ctx := context.Background()
-	_, err := r.Run(ctx, queuing("warm"), postKey("warm")) // learns that migration 020 is applied
+	_, err := r.Run(ctx, queuing("warm"), postKey("warm")) // learns that migration 019 is applied
 	require.NoError(t, err)
 	var inner atomic.Bool
 	var wf *atomicphase.Workflow[struct{}]
@@ -546,7 +546,7 @@ func TestOnCitusARecordingAtTheHeadNeedsItsFunctionDelegated(t *testing.T) {
 
 // A unit whose own statement calls a function that does not exist, one
 // whose name merely contains atomicphase_record_first, fails with that
-// error, and is not taken for a database without migration 020: the
+// error, and is not taken for a database without migration 019: the
 // Runner's next new keys are still recorded at the head of their units.
 // (In the exec modes that prepare or describe a batch first, the error
 // comes before any statement runs, where a missing atomicphase_record_first's
@@ -571,7 +571,7 @@ func TestAUnitsOwnMissingFunctionIsNotTheRecordingsMissing(t *testing.T) {
 			_, r, log := recordFirstDB(t, 0, "")
 			ctx := context.Background()
 			good := queuing("good", `INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'good')`)
-			_, err := r.Run(ctx, good, postKey("warm")) // learns that migration 020 is applied
+			_, err := r.Run(ctx, good, postKey("warm")) // learns that migration 019 is applied
 			require.NoError(t, err)
 			bad := queuing("bad", append(tc.stmts, `SELECT my_atomicphase_record_first_audit(1)`)...)
 			_, err = r.Run(ctx, bad, postKey("bad"))

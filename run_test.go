@@ -78,7 +78,11 @@ func TestRunSameKeyDifferentParamsIsMismatch(t *testing.T) {
 	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM effects"), "neither wrote anything")
 	_, err = b.runner.Run(b.ctx, wf, asRetry(other))
 	require.ErrorIs(t, err, atomicphase.ErrFingerprintMismatch)
-	require.Equal(t, int32(3), c.create.Load(), "a mismatch marked as a retry runs no phase")
+	built := int32(3) // the first request's, and each unmarked request's first unit built and dropped
+	if atomicphasetest.OnCitus() {
+		built = 1 // on Citus every request reads its key first (docs/scale.md)
+	}
+	require.Equal(t, built, c.create.Load(), "a mismatch marked as a retry runs no phase")
 }
 
 func TestRunMismatchWhileInProgress(t *testing.T) {
@@ -215,7 +219,11 @@ func TestRoundTripBudgetWithQueuedWrites(t *testing.T) {
 	require.NoError(t, err)
 	// the key's read+record+INSERT+checkpoint 1 · the call · INSERT+INSERT+
 	// the checkpoint that finishes 1: what hand-written code sends
-	require.Equal(t, int64(2), counter.Count(), "round trips for a new key, writes queued")
+	newKey := int64(2)
+	if atomicphasetest.OnCitus() {
+		newKey = 3 // the key's read first, on Citus (docs/scale.md)
+	}
+	require.Equal(t, newKey, counter.Count(), "round trips for a new key, writes queued")
 	counter.Reset()
 	_, err = runner.Run(ctx, wf, req("measured"))
 	require.NoError(t, err)

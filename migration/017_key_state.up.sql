@@ -821,7 +821,29 @@ BEGIN
         v_schema, v_schema);
 END
 $$;
-REVOKE EXECUTE ON FUNCTION /* TEMPLATE: schema */atomicphase_key_delete() FROM PUBLIC;
+-- PUBLIC may not attach the DELETE guard to a table of its own. On Citus,
+-- which sends the REVOKE on to the workers as it deparses it, a schema
+-- name that needs quoting comes out unquoted there and fails: such a
+-- schema's workers keep PUBLIC's EXECUTE, which the function's check of
+-- the table it fires for (above) leaves harmless.
+DO $$
+DECLARE
+    v_fn         pg_catalog.regprocedure := '/* TEMPLATE: schema */atomicphase_key_delete()'::pg_catalog.regprocedure;
+    v_propagates pg_catalog.text;
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'citus'::pg_catalog.name)
+       AND (SELECT pg_catalog.quote_ident(n.nspname::pg_catalog.text) OPERATOR(pg_catalog.<>) n.nspname::pg_catalog.text
+            FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+            WHERE p.oid OPERATOR(pg_catalog.=) v_fn::pg_catalog.oid) THEN
+        v_propagates := pg_catalog.current_setting('citus.enable_ddl_propagation');
+        PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', 'off', true);
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', v_fn);
+        PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', v_propagates, true);
+    ELSE
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', v_fn);
+    END IF;
+END
+$$;
 
 -- On Citus, the key table may be distributed already: the trigger reads
 -- only the row it fires for, and writes only its history, on its shard
