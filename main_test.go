@@ -231,3 +231,10 @@ func asRetry(req atomicphase.Request) atomicphase.Request {
 	req.Retry = true
 	return req
 }
+
+// unmarkedReadsFirst reports whether a request not marked as a retry still
+// reads its key in a round trip of its own, as a marked one does: on Citus
+// (docs/scale.md) and in pgx's cache_describe mode (assume_prepare.go).
+func unmarkedReadsFirst() bool {
+	return atomicphasetest.OnCitus() || os.Getenv("ATOMICPHASE_TEST_EXEC_MODE") == "cache_describe"
+}

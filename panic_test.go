@@ -329,3 +329,91 @@ func TestAFinishedKeysRetryIsItsStoredAnswerWhateverTheCodeDoesNow(t *testing.T)
 		}
 	}
 }
+
+// A retry not marked as a retry runs its first unit's code before its key's
+// read answers. When that code now panics (a deploy) for a key an earlier
+// attempt left behind, the request is answered as a marked retry is: the
+// key is taken and runs from where that attempt stopped, past the
+// panicking phase (201), and a key that failed inside that phase is taken
+// too, its attempt counted, and parked by the panic. The mark changes a
+// request's cost, never its answer.
+func TestAPanicAheadOfTheKeysReadIsAnsweredAsAMarkedRetryIs(t *testing.T) {
+	t.Parallel()
+	type st struct {
+		Charge string `json:"charge"`
+	}
+	for _, marked := range []bool{true, false} {
+		t.Run(fmt.Sprintf("marked=%v", marked), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, nil)
+			var (
+				panics, failFirst, failCall atomic.Bool
+				calls                       atomic.Int32
+			)
+			wf := atomicphase.MustWorkflow("ahead", startEmpty[st], []atomicphase.Phase[st]{
+				atomicphase.Local("first", func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
+					tx.Queue(`INSERT INTO effects (scope, key, phase) VALUES ('u', 'k', 'first')`)
+					if panics.Load() {
+						panic("the first phase, as deployed now")
+					}
+					if failFirst.Load() {
+						return atomicphase.Outcome{}, errors.New("the first phase failed")
+					}
+					return atomicphase.Continue(), nil
+				}),
+				atomicphase.Foreign("call", func(ctx context.Context, call *atomicphase.ForeignCall, s *st) error {
+					return call.Do(ctx, func(ctx context.Context, key string) error {
+						calls.Add(1)
+						if failCall.Load() {
+							return errors.New("the downstream is down")
+						}
+						s.Charge = "ch_" + key
+						return nil
+					})
+				}, func(ctx context.Context, tx atomicphase.Tx, s *st) (atomicphase.Outcome, error) {
+					return atomicphase.Respond(201, []byte(s.Charge)), nil
+				}),
+			}, nil)
+			req := func(key string) atomicphase.Request {
+				r := atomicphase.Request{Scope: "u", Key: key, Method: "POST", Path: "/ahead"}
+				r.Retry = marked
+				return r
+			}
+			run := func(key string) (resp *atomicphase.Response, err error, p any) {
+				defer func() { p = recover() }()
+				resp, err = b.runner.Run(b.ctx, wf, req(key))
+				return resp, err, nil
+			}
+
+			// Past the panicking phase: the call failed once, the key waits
+			// at recovery point "first".
+			failCall.Store(true)
+			_, err := b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "past", Method: "POST", Path: "/ahead"})
+			require.Error(t, err)
+			failCall.Store(false)
+			panics.Store(true)
+			resp, err, p := run("past")
+			require.Nil(t, p, "the retry met the panic of a phase it need not run")
+			require.NoError(t, err)
+			require.Equal(t, 201, resp.Status)
+			require.Equal(t, int32(2), calls.Load(), "the call, once failed, made once more")
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE phase = 'first'`), "the first phase's write, kept once")
+
+			// In the panicking phase: the key failed there; the retry takes
+			// it (an attempt counted) and the panic parks it.
+			panics.Store(false)
+			failFirst.Store(true)
+			_, err = b.runner.Run(b.ctx, wf, atomicphase.Request{Scope: "u", Key: "in", Method: "POST", Path: "/ahead"})
+			require.Error(t, err)
+			failFirst.Store(false)
+			panics.Store(true)
+			_, _, p = run("in")
+			require.NotNil(t, p, "the phase that panics is the key's next")
+			info, err := b.runner.Inspect(b.ctx, "u", "in")
+			require.NoError(t, err)
+			require.Equal(t, 2, info.Attempts, "the retry's attempt counted")
+			require.True(t, info.ParkedForGood, "a panic parks the key it took: %+v", info)
+			require.Zero(t, b.db.Pool.Stat().AcquiredConns())
+		})
+	}
+}

@@ -168,7 +168,7 @@ func queuing(name string, stmts ...string) *atomicphase.Workflow[struct{}] {
 // request not marked as a retry), on one PostgreSQL (on Citus no batch
 // reads its key ahead: the key is read in a round trip of its own).
 func readAhead(fns ...string) []string {
-	if atomicphasetest.OnCitus() {
+	if unmarkedReadsFirst() {
 		return fns
 	}
 	return append([]string{"read"}, fns...)

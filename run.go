@@ -191,7 +191,14 @@ func (r *Runner) runNew(ctx context.Context, wf AnyWorkflow, req *Request, fp Fi
 		a.assumed = assume.named
 	}
 	resp, err = a.loopNew(ctx, state, func(p any) (*Response, error) {
-		return r.answerFoundOrPanic(ctx, wf, req, key, p)
+		return r.answerFound(ctx, wf, req, key, p, func() (*Response, error) {
+			// The panicking code ran ahead of the key's read (or of a
+			// recording another request's beat): the key, an earlier
+			// attempt's, is taken as a request marked as a retry would
+			// take it, and runs from where that attempt stopped; the
+			// mark changes a request's cost, never its answer.
+			return r.runExisting(ctx, wf, req, fp)
+		})
 	})
 	var missing *keystore.StoreMissingError
 	if errors.As(err, &missing) {
@@ -255,6 +262,12 @@ func (r *Runner) initialStateOn(ctx context.Context, wf AnyWorkflow, req *Reques
 // another request or parked is refused); for any other key, or none, the
 // panic goes on.
 func (r *Runner) answerFoundOrPanic(ctx context.Context, wf AnyWorkflow, req *Request, key keystore.KeyArgs, p any) (*Response, error) {
+	return r.answerFound(ctx, wf, req, key, p, nil)
+}
+
+// answerFound is answerFoundOrPanic, with takeable, when set, answering a
+// key this request may take (an earlier attempt's) instead of the panic.
+func (r *Runner) answerFound(ctx context.Context, wf AnyWorkflow, req *Request, key keystore.KeyArgs, p any, takeable func() (*Response, error)) (*Response, error) {
 	pc, err := r.poolFor(req.Scope).Acquire(ctx)
 	if err != nil {
 		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)
@@ -264,10 +277,12 @@ func (r *Runner) answerFoundOrPanic(ctx context.Context, wf AnyWorkflow, req *Re
 	switch {
 	case err != nil:
 		return nil, r.storeFailed(ctx, wf, req, "acquire key", err)
-	case !ok || !refusedAsFound(&found):
-		panic(p)
+	case ok && refusedAsFound(&found):
+		return r.refused(ctx, &found.Row, !found.Same, wf, req)
+	case ok && takeable != nil:
+		return takeable()
 	}
-	return r.refused(ctx, &found.Row, !found.Same, wf, req)
+	panic(p)
 }
 
 // refusedAsFound reports whether a key read as p is answered without an

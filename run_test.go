@@ -79,8 +79,8 @@ func TestRunSameKeyDifferentParamsIsMismatch(t *testing.T) {
 	_, err = b.runner.Run(b.ctx, wf, asRetry(other))
 	require.ErrorIs(t, err, atomicphase.ErrFingerprintMismatch)
 	built := int32(3) // the first request's, and each unmarked request's first unit built and dropped
-	if atomicphasetest.OnCitus() {
-		built = 1 // on Citus every request reads its key first (docs/scale.md)
+	if unmarkedReadsFirst() {
+		built = 1 // every request reads its key first here (unmarkedReadsFirst)
 	}
 	require.Equal(t, built, c.create.Load(), "a mismatch marked as a retry runs no phase")
 }
@@ -220,8 +220,8 @@ func TestRoundTripBudgetWithQueuedWrites(t *testing.T) {
 	// the key's read+record+INSERT+checkpoint 1 · the call · INSERT+INSERT+
 	// the checkpoint that finishes 1: what hand-written code sends
 	newKey := int64(2)
-	if atomicphasetest.OnCitus() {
-		newKey = 3 // the key's read first, on Citus (docs/scale.md)
+	if unmarkedReadsFirst() {
+		newKey = 3 // the key's read first, here (unmarkedReadsFirst)
 	}
 	require.Equal(t, newKey, counter.Count(), "round trips for a new key, writes queued")
 	counter.Reset()

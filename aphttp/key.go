@@ -23,11 +23,16 @@ const RetryHeaderName = "Idempotency-Retry"
 const RetryHeaderValue = "?1"
 
 // IsRetry reports whether h marks its request as a retry: one
-// RetryHeaderName line whose value is RetryHeaderValue (blanks around it
-// aside).
+// RetryHeaderName line whose value is RetryHeaderValue, blanks around it
+// and RFC 8941 parameters after it (";a=1") aside. Anything else, "?0"
+// among it, leaves the request unmarked.
 func IsRetry(h http.Header) bool {
 	v := h.Values(RetryHeaderName)
-	return len(v) == 1 && strings.TrimSpace(v[0]) == RetryHeaderValue
+	if len(v) != 1 {
+		return false
+	}
+	item, _, _ := strings.Cut(strings.TrimSpace(v[0]), ";")
+	return item == RetryHeaderValue
 }
 
 // Key errors. ParseKey wraps them with detail.
