@@ -143,7 +143,7 @@ func writeTable(ctx context.Context, q *pgx.Conn, b *strings.Builder, table stri
 		return err
 	}
 	rows, err = q.Query(ctx, `SELECT format('CONSTRAINT %I %s', conname, pg_get_constraintdef(oid)) FROM pg_constraint
-		WHERE conrelid = $1::regclass ORDER BY contype <> 'p', conname`, table)
+		WHERE conrelid = $1::regclass AND contype <> 'n' ORDER BY contype <> 'p', conname`, table)
 	if err != nil {
 		return err
 	}
@@ -296,7 +296,7 @@ func catalogOf(t *testing.T, db *atomicphasetest.DB) []string {
 		WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped
 		UNION ALL
 		SELECT 'constraint ' || conrelid::regclass::text || ' ' || conname || ' ' || pg_get_constraintdef(oid)
-		FROM pg_constraint WHERE connamespace = 'public'::regnamespace
+		FROM pg_constraint WHERE connamespace = 'public'::regnamespace AND contype <> 'n'
 		UNION ALL
 		SELECT 'index ' || pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
 		WHERE c.relnamespace = 'public'::regnamespace
