@@ -5,7 +5,7 @@ import "context"
 // ApplyMigration lets the external tests apply a migration of their own
 // making, as Migrate applies the package's.
 func ApplyMigration(ctx context.Context, db Beginner, schema string, m Migration) (bool, error) {
-	applied, err := applyAll(ctx, db, schema, []Migration{m})
+	applied, err := applyAll(ctx, db, &MigrateOpts{Schema: schema}, []Migration{m})
 	return len(applied) == 1, err
 }
 
@@ -29,3 +29,7 @@ var (
 	KeyTransitionAllowed = keyTransitionAllowed
 	KeyDeletable         = keyDeletable
 )
+
+// ShapeOf is the hash of wf's phase list that the versions registry
+// records.
+func ShapeOf(wf AnyWorkflow) string { return wf.shape() }

@@ -148,8 +148,9 @@ func TestScopeCapNeedsItsIndex(t *testing.T) {
 }
 
 // An upgrade in two steps: to MinVersion while the previous release
-// serves (its indexes stay, and this release's Runner starts), then to
-// the end, which drops what only the previous release read.
+// serves (its indexes stay, and this release's Runner starts), then, when
+// asked, the contract step, which drops what only the previous release
+// read; Migrate with no options leaves it.
 func TestMigrateToMinVersionThenContract(t *testing.T) {
 	t.Parallel()
 	b := setupDB(t, unmigratedDBOpts, nil)
@@ -167,10 +168,25 @@ func TestMigrateToMinVersionThenContract(t *testing.T) {
 	_, err = b.runner.Run(b.ctx, orderWorkflow(t, &c, hooks{}), orderRequest("u", "k"))
 	require.NoError(t, err)
 
+	// At start-up, with no options: nothing more, the contract step is left
+	// for when it is asked for.
 	applied, err = atomicphase.Migrate(b.ctx, b.db.Pool, nil)
+	require.NoError(t, err)
+	require.Empty(t, applied)
+	pending, err := atomicphase.PendingMigrations(b.ctx, b.db.Pool, nil)
+	require.NoError(t, err)
+	require.Len(t, pending, 1)
+	require.True(t, pending[0].Contract)
+	require.Equal(t, atomicphase.MinVersion+1, pending[0].Version)
+	require.True(t, indexExists("idempotency_keys_due_idx"))
+
+	applied, err = atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{Contract: true})
 	require.NoError(t, err)
 	require.Equal(t, []int{atomicphase.MinVersion + 1}, applied)
 	require.False(t, indexExists("idempotency_keys_due_idx"))
+	pending, err = atomicphase.PendingMigrations(b.ctx, b.db.Pool, nil)
+	require.NoError(t, err)
+	require.Empty(t, pending)
 	require.NoError(t, b.runner.CheckSchema(b.ctx))
 
 	_, err = atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{TargetVersion: 99})

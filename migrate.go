@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/atomicphase/atomicphase/internal/keystore"
 	"github.com/jackc/pgx/v5"
@@ -31,6 +32,15 @@ type Migration struct {
 	Up string
 	// Down is the SQL that reverts it.
 	Down string
+	// Contract marks a contract step: it removes what an older release
+	// reads, so Migrate applies it only when asked (MigrateOpts.Contract),
+	// or on a database it migrates from nothing, and refuses while a
+	// process of such a release may still run.
+	Contract bool
+	// Needs, for a contract step, is the oldest migration a release may
+	// need to keep working after it (its MinVersion): a process whose
+	// release needs an older one is an older release's.
+	Needs int
 }
 
 // MigrateOpts are optional settings of Migrate and Migrations. A nil
@@ -77,14 +87,37 @@ type MigrateOpts struct {
 	AllowPublicCreate bool
 
 	// TargetVersion, when positive, stops after that migration: the ones
-	// after it are left for a later run. For an upgrade that needs no stop
-	// (docs/operations.md, "Upgrades"): migrate to the version the new
-	// release needs (MinVersion) while the previous release's processes
-	// serve, roll out, then migrate without it to apply the contract steps
-	// that remove what only the previous release read. Defaults to 0
-	// (every migration).
+	// after it are left for a later run. Defaults to 0 (every migration).
 	TargetVersion int
+
+	// Contract applies the contract steps too (Migration.Contract): the
+	// migrations that remove what only an older release reads. Without it
+	// Migrate applies the expand steps alone, which a previous release's
+	// processes keep working on, so that a service may call Migrate at
+	// start-up while an upgrade rolls out (docs/operations.md,
+	// "Upgrades"); on a database it migrates from nothing, where no older
+	// release can run, it applies every step. A contract step refuses,
+	// changing nothing, while the versions registry has seen a process of
+	// a release older than the step allows within LiveWithin
+	// (ErrOlderReleaseLive). Defaults to false.
+	Contract bool
+
+	// LiveWithin is how recently a process must have been seen for a
+	// contract step to count it as live: each process is seen at every
+	// sweep, and one that runs no Sweeper when it records its versions
+	// (Runner.RecordVersions). Defaults to 0, meaning
+	// DefaultVersionHorizon.
+	LiveWithin time.Duration
 }
+
+// ErrOlderReleaseLive is Migrate's error for a contract step while a
+// process of a release older than the step allows may still run: seen by
+// the versions registry within MigrateOpts.LiveWithin.
+var ErrOlderReleaseLive = errors.New("a process of an older release may still be running")
+
+// contractMark marks a contract step in its up SQL, with the oldest
+// migration a release may need to keep working after it.
+var contractMark = regexp.MustCompile(`(?m)^-- atomicphase:contract needs=(\d+)$`)
 
 // MinVersion is the migration this version of the library needs the
 // database to have reached: CheckSchema refuses an older schema. The
@@ -126,6 +159,10 @@ func Migrations(opts *MigrateOpts) ([]Migration, error) {
 		}
 		if dir == "up" {
 			m.Up = keystore.Render(string(body), schema)
+			if c := contractMark.FindStringSubmatch(m.Up); c != nil {
+				m.Contract = true
+				m.Needs, _ = strconv.Atoi(c[1])
+			}
 		} else {
 			m.Down = keystore.Render(string(body), schema)
 		}
@@ -198,7 +235,10 @@ func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error)
 			}
 		}
 	}
-	applied, err := applyAll(ctx, db, opts.schema(), migrations)
+	if opts != nil && opts.LiveWithin < 0 {
+		return nil, fmt.Errorf("atomicphase: MigrateOpts.LiveWithin is %s; use a positive duration, or 0 for the default %s", opts.LiveWithin, DefaultVersionHorizon)
+	}
+	applied, err := applyAll(ctx, db, opts, migrations)
 	if err != nil {
 		return applied, err
 	}
@@ -250,7 +290,8 @@ func buildScopeCapIndex(ctx context.Context, db Beginner, schema string) error {
 // the migration lock for its session, taken without waiting inside a
 // statement (see lockSession); on a transaction it takes the lock for each
 // migration's transaction (a savepoint of the caller's).
-func applyAll(ctx context.Context, db Beginner, schema string, migrations []Migration) ([]int, error) {
+func applyAll(ctx context.Context, db Beginner, opts *MigrateOpts, migrations []Migration) ([]int, error) {
+	schema := opts.schema()
 	var applied []int
 	conn, release, err := sessionConn(ctx, db)
 	switch {
@@ -265,7 +306,22 @@ func applyAll(ctx context.Context, db Beginner, schema string, migrations []Migr
 	case !errors.Is(err, errNoSession):
 		return nil, err
 	}
+	// A database with no migration applied has no older release on it:
+	// its contract steps are applied with the rest. Told under the lock.
+	fresh, err := ledgerEmpty(ctx, db, schema)
+	if err != nil {
+		return nil, fmt.Errorf("atomicphase: read the migration ledger: %w", err)
+	}
+	contract := fresh || (opts != nil && opts.Contract)
 	for _, m := range migrations {
+		if m.Contract && !fresh {
+			if !contract {
+				continue // left for a run that asks (PendingMigrations lists it)
+			}
+			if err := checkNoOlderRelease(ctx, db, opts, m); err != nil {
+				return applied, fmt.Errorf("atomicphase: migration %03d_%s: %w", m.Version, m.Name, err)
+			}
+		}
 		done, err := applyMigration(ctx, db, schema, m, conn != nil)
 		if err != nil {
 			return applied, fmt.Errorf("atomicphase: migration %03d_%s: %w", m.Version, m.Name, err)
@@ -551,4 +607,78 @@ func schemaHint(schema string) string {
 		return " on the connection's search_path"
 	}
 	return fmt.Sprintf(" with MigrateOpts.Schema %q", schema)
+}
+
+// ledgerEmpty reports whether the ledger in schema records no migration
+// (or does not exist).
+func ledgerEmpty(ctx context.Context, db Beginner, schema string) (bool, error) {
+	q, ok := db.(keystore.DB)
+	if !ok {
+		return false, nil
+	}
+	var exists bool
+	ledger := keystore.Render("/* TEMPLATE: schema */atomicphase_migration", schema)
+	if err := q.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", ledger).Scan(&exists); err != nil || !exists {
+		return !exists, err
+	}
+	var any bool
+	err := q.QueryRow(ctx, "SELECT EXISTS (SELECT FROM "+ledger+")").Scan(&any)
+	return !any, err
+}
+
+// checkNoOlderRelease refuses contract step m, unless it is applied
+// already, while the versions registry has seen a process of a release
+// that needs a migration before m.Needs within opts.LiveWithin.
+func checkNoOlderRelease(ctx context.Context, db Beginner, opts *MigrateOpts, m Migration) error {
+	q, ok := db.(keystore.DB)
+	if !ok {
+		return fmt.Errorf("a contract step reads the versions registry first: pass Migrate a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx, not a %T", db)
+	}
+	if done, err := inLedger(ctx, q, opts.schema(), m); done || err != nil {
+		return err
+	}
+	window := DefaultVersionHorizon
+	if opts != nil && opts.LiveWithin > 0 {
+		window = opts.LiveWithin
+	}
+	seen, err := keystore.OlderReleaseSeen(ctx, q, opts.schema(), m.Needs, window)
+	if err != nil {
+		return fmt.Errorf("read the versions registry: %w", err)
+	}
+	if seen.IsZero() {
+		return nil
+	}
+	return fmt.Errorf("%w: it removes what a release older than one needing migration %03d reads, and a process of such a release "+
+		"was last seen %s ago (%s), within MigrateOpts.LiveWithin (%s); apply it once every such process has stopped and that long has passed "+
+		"(a process is seen at each sweep, or when it records its versions if it runs no Sweeper)",
+		ErrOlderReleaseLive, m.Needs, time.Since(seen).Round(time.Second), seen.UTC().Format(time.RFC3339), window)
+}
+
+// PendingMigrations returns the migrations the database in opts.Schema
+// has not applied, in order: after Migrate without MigrateOpts.Contract,
+// the contract steps it left (Migration.Contract) for a run that asks. It
+// reads the ledger only; db is what Migrate takes.
+func PendingMigrations(ctx context.Context, db Beginner, opts *MigrateOpts) ([]Migration, error) {
+	migrations, err := Migrations(opts)
+	if err != nil {
+		return nil, err
+	}
+	q, ok := db.(keystore.DB)
+	if !ok {
+		return nil, fmt.Errorf("atomicphase: PendingMigrations reads the ledger: pass a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx, not a %T", db)
+	}
+	var exists bool
+	ledger := keystore.Render("/* TEMPLATE: schema */atomicphase_migration", opts.schema())
+	if err := q.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", ledger).Scan(&exists); err != nil || !exists {
+		return migrations, err
+	}
+	rows, err := q.Query(ctx, "SELECT version FROM "+ledger)
+	if err != nil {
+		return nil, err
+	}
+	versions, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(migrations, func(m Migration) bool { return slices.Contains(versions, int32(m.Version)) }), nil
 }

@@ -78,7 +78,7 @@ var allObjects = []string{
 	"function atomicphase_record_resolution", "function atomicphase_record_unit", "function atomicphase_record_verdict",
 	"function atomicphase_refuse", "function atomicphase_release", "function atomicphase_release", "function atomicphase_release",
 	"function atomicphase_renew", "function atomicphase_schedule", "function atomicphase_stale_before", "function atomicphase_state_name",
-	"function atomicphase_take", "function atomicphase_unpark", "table atomicphase_audit", "table atomicphase_key_history",
+	"function atomicphase_take", "function atomicphase_unpark", "table atomicphase_audit", "table atomicphase_key_history", "table atomicphase_releases",
 	"table atomicphase_sweep_watermark", "table atomicphase_workflow_versions", "table idempotency_keys",
 }
 
@@ -141,7 +141,7 @@ func TestLaterMigrationsGoDownAndUpAgain(t *testing.T) {
 
 	_, err = b.db.Pool.Exec(b.ctx, "DELETE FROM atomicphase_migration WHERE version > 1")
 	require.NoError(t, err)
-	applied, err := atomicphase.Migrate(b.ctx, b.db.Pool, nil)
+	applied, err := atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{Contract: true})
 	require.NoError(t, err)
 	require.Equal(t, later, applied)
 	require.NoError(t, b.runner.CheckSchema(b.ctx))

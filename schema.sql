@@ -228,6 +228,12 @@ CREATE TABLE atomicphase_workflow_versions (
     registered_at timestamp with time zone NOT NULL DEFAULT now(),
     -- When a live process last said it runs it.
     seen_at timestamp with time zone NOT NULL DEFAULT now(),
+    -- When a process of a release that records its release (0.3.0 or later)
+    -- last said it runs it; NULL if none has.
+    current_seen_at timestamp with time zone,
+    -- The last time a process of an older release (one that does not record
+    -- its release) was seen to say it runs it; NULL if never.
+    older_seen_at timestamp with time zone,
     CONSTRAINT atomicphase_workflow_versions_pkey PRIMARY KEY (workflow, version)
 );
 -- The same words, in the catalog (psql's \d+ shows them):
@@ -238,6 +244,8 @@ COMMENT ON COLUMN atomicphase_workflow_versions.shape IS 'A hash of its phases: 
 COMMENT ON COLUMN atomicphase_workflow_versions.phases IS 'Its phases, in order.';
 COMMENT ON COLUMN atomicphase_workflow_versions.registered_at IS 'When it was first registered.';
 COMMENT ON COLUMN atomicphase_workflow_versions.seen_at IS 'When a live process last said it runs it.';
+COMMENT ON COLUMN atomicphase_workflow_versions.current_seen_at IS 'When a process of a release that records its release (0.3.0 or later) last said it runs it; NULL if none has.';
+COMMENT ON COLUMN atomicphase_workflow_versions.older_seen_at IS 'The last time a process of an older release (one that does not record its release) was seen to say it runs it; NULL if never.';
 
 -- How far the sweep has looked through keys by creation time, so that it
 -- reads only the keys created since.
@@ -278,6 +286,22 @@ COMMENT ON TABLE atomicphase_migration IS 'The migrations applied to this schema
 COMMENT ON COLUMN atomicphase_migration.version IS 'The migration''s number.';
 COMMENT ON COLUMN atomicphase_migration.name IS 'Its name.';
 COMMENT ON COLUMN atomicphase_migration.applied_at IS 'When it was applied.';
+
+-- The releases live processes run, by the migration each needs: a contract
+-- step refuses while a process whose release needs an older schema was seen
+-- recently.
+CREATE TABLE atomicphase_releases (
+    -- The migration the release needs the database to have reached
+    -- (MinVersion).
+    needs integer NOT NULL,
+    -- When a process of such a release last announced itself.
+    seen_at timestamp with time zone NOT NULL DEFAULT now(),
+    CONSTRAINT atomicphase_releases_pkey PRIMARY KEY (needs)
+);
+-- The same words, in the catalog (psql's \d+ shows them):
+COMMENT ON TABLE atomicphase_releases IS 'The releases live processes run, by the migration each needs: a contract step refuses while a process whose release needs an older schema was seen recently.';
+COMMENT ON COLUMN atomicphase_releases.needs IS 'The migration the release needs the database to have reached (MinVersion).';
+COMMENT ON COLUMN atomicphase_releases.seen_at IS 'When a process of such a release last announced itself.';
 
 -- Functions, by name. A function's body is checked when it runs, not
 -- here, as pg_dump has it: some call functions written after them.

@@ -170,8 +170,9 @@ func (r *Runner) RecordVersions(ctx context.Context) error {
 	return nil
 }
 
-// announce records every registered version in the database: each
-// process's heartbeat, on every sweep.
+// announce records this process's release (the migration it needs) and
+// every registered version in the database: each process's heartbeat, on
+// every sweep.
 //
 // A version another process recorded with another phase list (one
 // WorkflowOpts.Version declared for two definitions) is refused here while
@@ -199,6 +200,12 @@ func (r *Runner) announce(ctx context.Context) error {
 			r.implicitCommits.Store(!citus)
 			r.recordFirst.Store(first || !citus)
 		}
+	}
+	// The release first: a contract step that removes what an older
+	// release reads waits until no process of one has been seen.
+	if err := r.store.AnnounceRelease(ctx, r.pool, MinVersion); err != nil {
+		r.unrecorded.Store(true)
+		return err
 	}
 	var errs []error
 	for _, wf := range r.registeredVersions() {

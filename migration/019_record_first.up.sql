@@ -49,6 +49,22 @@ BEGIN
 END
 $$;
 
+-- Which releases are live, for the contract steps (a migration marked
+-- atomicphase:contract) that remove what an older release reads: they
+-- refuse while one may still run. From this release on, each process
+-- records on every announcement the migration its release needs
+-- (MinVersion) in atomicphase_releases. An older release records nothing
+-- there, but it does announce its workflow versions, and its announcement
+-- sets seen_at alone: a later release's sets current_seen_at with it, and
+-- keeps in older_seen_at the last seen_at it finds that it did not write.
+-- Expand only: a table and two columns a previous release never reads.
+CREATE TABLE /* TEMPLATE: schema */atomicphase_releases (
+    needs   integer     PRIMARY KEY,
+    seen_at timestamptz NOT NULL DEFAULT now()
+);
+ALTER TABLE /* TEMPLATE: schema */atomicphase_workflow_versions ADD COLUMN current_seen_at timestamptz;
+ALTER TABLE /* TEMPLATE: schema */atomicphase_workflow_versions ADD COLUMN older_seen_at timestamptz;
+
 -- What each table, column and function is for, in the catalog (\d+ and \df+
 -- in psql show it) and in schema.sql, which is written from the catalog.
 COMMENT ON TABLE /* TEMPLATE: schema */idempotency_keys IS 'One row per (scope, idempotency key): the request it was first sent with, where its workflow stands, who holds it, and once finished the response every retry gets.';
@@ -118,6 +134,11 @@ COMMENT ON COLUMN /* TEMPLATE: schema */atomicphase_workflow_versions.phases IS 
 COMMENT ON COLUMN /* TEMPLATE: schema */atomicphase_workflow_versions.registered_at IS 'When it was first registered.';
 COMMENT ON COLUMN /* TEMPLATE: schema */atomicphase_workflow_versions.seen_at IS 'When a live process last said it runs it.';
 
+COMMENT ON COLUMN /* TEMPLATE: schema */atomicphase_workflow_versions.current_seen_at IS 'When a process of a release that records its release (0.3.0 or later) last said it runs it; NULL if none has.';
+COMMENT ON COLUMN /* TEMPLATE: schema */atomicphase_workflow_versions.older_seen_at IS 'The last time a process of an older release (one that does not record its release) was seen to say it runs it; NULL if never.';
+COMMENT ON TABLE /* TEMPLATE: schema */atomicphase_releases IS 'The releases live processes run, by the migration each needs: a contract step refuses while a process whose release needs an older schema was seen recently.';
+COMMENT ON COLUMN /* TEMPLATE: schema */atomicphase_releases.needs IS 'The migration the release needs the database to have reached (MinVersion).';
+COMMENT ON COLUMN /* TEMPLATE: schema */atomicphase_releases.seen_at IS 'When a process of such a release last announced itself.';
 COMMENT ON TABLE /* TEMPLATE: schema */atomicphase_sweep_watermark IS 'How far the sweep has looked through keys by creation time, so that it reads only the keys created since.';
 COMMENT ON COLUMN /* TEMPLATE: schema */atomicphase_sweep_watermark.name IS 'The watermark''s name.';
 COMMENT ON COLUMN /* TEMPLATE: schema */atomicphase_sweep_watermark.created_before IS 'Every key created before this has been looked at.';

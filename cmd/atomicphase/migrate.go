@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -11,8 +13,9 @@ import (
 )
 
 func (c *cli) migrateCmd() *cobra.Command {
-	var citus, scopeCap, allowPublicCreate bool
+	var citus, scopeCap, allowPublicCreate, contract bool
 	var to int
+	var liveWithin time.Duration
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Apply the schema migrations the database does not have yet",
@@ -42,33 +45,37 @@ sends the library's statements. Revoke it (REVOKE CREATE ON SCHEMA public
 FROM PUBLIC), or pass --allow-public-create for a database no untrusted
 role connects to.
 
+Without --contract it applies only the expand steps, which a process of
+the previous release keeps working on, and names the contract steps it
+left: those that remove what only an older release reads. On a database it
+migrates from nothing it applies every step. During an upgrade, roll the
+new release out (its start-up Migrate applies the expand steps), then,
+once no process of the previous release is left, run migrate --contract.
+A contract step refuses, changing nothing, while the versions registry has
+seen a process of an older release within --live-within (default 24h).
+
 With --to N it stops after migration N, leaving the later ones for a later
-run: during an upgrade, migrate to the version the new release needs
-(atomicphase.MinVersion) while the previous release serves, roll the new
-one out, then run migrate again for the steps that remove what only the
-previous release read.`),
+run.`),
 		Example: examples(
 			`atomicphase migrate`,
 			`atomicphase migrate --schema keys --database-url postgres://app@db:5432/app`,
 			`atomicphase migrate --citus`,
 			`atomicphase migrate --scope-cap`,
-			`atomicphase migrate --to 17`,
+			`atomicphase migrate --contract`,
+			`atomicphase migrate --contract --live-within 10m`,
 		),
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return c.withPool(cmd.Context(), func(pool *pgxpool.Pool) error {
 				opts := &atomicphase.MigrateOpts{Schema: c.schema, Citus: citus, ScopeCap: scopeCap, TargetVersion: to,
-					AllowPublicCreate: allowPublicCreate}
+					AllowPublicCreate: allowPublicCreate, Contract: contract, LiveWithin: liveWithin}
 				names := map[int]string{}
-				latest := 0
 				migrations, err := atomicphase.Migrations(opts)
 				if err != nil {
 					return &usageError{fmt.Errorf("--schema: %w", err)}
 				}
 				for _, m := range migrations {
-					if to == 0 || m.Version <= to {
-						names[m.Version], latest = m.Name, m.Version
-					}
+					names[m.Version] = m.Name
 				}
 				applied, err := atomicphase.Migrate(cmd.Context(), pool, opts)
 				for _, v := range applied {
@@ -77,10 +84,26 @@ previous release read.`),
 				if err != nil {
 					return c.explain(err)
 				}
+				pending, err := atomicphase.PendingMigrations(cmd.Context(), pool, opts)
+				if err != nil {
+					return c.explain(err)
+				}
+				latest := 0
+				for _, m := range migrations {
+					if (to == 0 || m.Version <= to) && !slices.ContainsFunc(pending, func(p atomicphase.Migration) bool { return p.Version == m.Version }) {
+						latest = m.Version
+					}
+				}
 				if len(applied) == 0 {
 					fmt.Fprintf(c.stdout, "up to date (version %03d)\n", latest)
 				} else {
 					fmt.Fprintf(c.stdout, "schema at version %03d\n", latest)
+				}
+				for _, m := range pending {
+					if m.Contract && (to == 0 || m.Version <= to) {
+						fmt.Fprintf(c.stdout, "contract step %03d_%s left for migrate --contract, once no process of a release that needs a migration before %03d is left\n",
+							m.Version, m.Name, m.Needs)
+					}
 				}
 				if citus {
 					fmt.Fprintln(c.stdout, "distributed on Citus by scope")
@@ -95,6 +118,10 @@ previous release read.`),
 	cmd.Flags().BoolVar(&citus, "citus", false, "on a Citus coordinator, also distribute the key table and the functions by scope")
 	cmd.Flags().BoolVar(&scopeCap, "scope-cap", false, "also build the index Config.MaxUnfinishedPerScope counts with")
 	cmd.Flags().IntVar(&to, "to", 0, "stop after migration `N` (0: apply every migration)")
+	cmd.Flags().BoolVar(&contract, "contract", false,
+		"also apply the contract steps, which remove what only an older release reads (refused while one was seen within --live-within)")
+	cmd.Flags().DurationVar(&liveWithin, "live-within", 0,
+		"how recently a process of an older release must have been seen to hold up a contract step (0: "+atomicphase.DefaultVersionHorizon.String()+")")
 	cmd.Flags().BoolVar(&allowPublicCreate, "allow-public-create", false,
 		"migrate although every role may create objects in the schema or on the search_path (a database no untrusted role connects to)")
 	return cmd

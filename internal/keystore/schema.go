@@ -50,6 +50,8 @@ var schemaObjects = []struct{ kind, name string }{
 	{"function", "atomicphase_record_first(text, text, text, bytea, text, text, bigint, bigint, text, text, text, bytea, integer, jsonb, bytea)"},
 	{"index", "idempotency_keys_waiting_idx"},
 	{"index", "idempotency_keys_parked_idx"},
+	{"table", "atomicphase_releases"},
+	{"column", "atomicphase_workflow_versions.current_seen_at"},
 }
 
 // ScopeCapIndex is the index the per-scope cap on unfinished keys counts

@@ -45,6 +45,7 @@ var RuntimeGrants = []struct{ Table, Privileges string }{
 	{"atomicphase_audit", "SELECT, INSERT, DELETE"},
 	{"atomicphase_workflow_versions", "SELECT, INSERT, UPDATE"},
 	{"atomicphase_sweep_watermark", "SELECT, INSERT, UPDATE"},
+	{"atomicphase_releases", "SELECT, INSERT, UPDATE"},
 }
 
 // missingGrantsSQL names, for each table ($1) the privileges ($2, each a

@@ -22,12 +22,67 @@ func VersionRef(workflow, version string) string { return workflow + "\x1f" + ve
 // still does.
 // A version recorded with another shape (its phase list) is not touched,
 // and no row is returned.
+//
+// It writes current_seen_at with seen_at, and keeps in older_seen_at a
+// seen_at it finds later than current_seen_at: written by a release that
+// sets seen_at alone (one older than atomicphase_releases), which a
+// contract step waits for (OlderReleaseSeen).
 const announceSQL = `
-INSERT INTO /* TEMPLATE: schema */atomicphase_workflow_versions AS v (workflow, version, shape, phases)
-VALUES ($1::text, $2::text, $3::text, $4::text[])
-ON CONFLICT (workflow, version) DO UPDATE SET seen_at = now(), phases = EXCLUDED.phases
+INSERT INTO /* TEMPLATE: schema */atomicphase_workflow_versions AS v (workflow, version, shape, phases, current_seen_at)
+VALUES ($1::text, $2::text, $3::text, $4::text[], now())
+ON CONFLICT (workflow, version) DO UPDATE SET seen_at = now(), phases = EXCLUDED.phases, current_seen_at = now(),
+    older_seen_at = ` + olderSeenAt + `
     WHERE v.shape = EXCLUDED.shape
 RETURNING true`
+
+// olderSeenAt is what an announcement leaves in older_seen_at: the row's
+// seen_at if an older release wrote it last, else what it held.
+const olderSeenAt = `CASE WHEN v.seen_at > coalesce(v.current_seen_at, '-infinity') THEN v.seen_at ELSE v.older_seen_at END`
+
+// announceReleaseSQL records that a process of a release needing migration
+// $1 is live.
+const announceReleaseSQL = `
+INSERT INTO /* TEMPLATE: schema */atomicphase_releases AS r (needs) VALUES ($1::integer)
+ON CONFLICT (needs) DO UPDATE SET seen_at = now()`
+
+// AnnounceRelease records that a process whose release needs migration
+// needs is live: a contract step that removes what such a release reads
+// waits until none has been seen for a while (OlderReleaseSeen).
+func (s *Store) AnnounceRelease(ctx context.Context, db DB, needs int) error {
+	_, err := db.Exec(ctx, s.sql.announceRelease, needs)
+	return err
+}
+
+// olderReleaseSeenSQL tells when a process of a release that needs a
+// migration before $1 was last seen, if within $2 microseconds: one
+// recorded in atomicphase_releases, or one older than that table, told by
+// the versions it announced.
+const olderReleaseSeenSQL = `
+SELECT max(at) FROM (
+    SELECT seen_at FROM /* TEMPLATE: schema */atomicphase_releases WHERE needs < $1::integer
+    UNION ALL
+    SELECT greatest(v.older_seen_at, CASE WHEN v.seen_at > coalesce(v.current_seen_at, '-infinity') THEN v.seen_at END)
+    FROM /* TEMPLATE: schema */atomicphase_workflow_versions AS v
+) AS s(at)
+WHERE at > now() - $2::bigint * interval '1 microsecond'`
+
+// OlderReleaseSeen returns when a process of a release that needs a
+// migration before needs was last seen, if it was within window, or the
+// zero time. A database without the registry (a fresh one) has seen none.
+func OlderReleaseSeen(ctx context.Context, db DB, schema string, needs int, window time.Duration) (time.Time, error) {
+	var exists bool
+	if err := db.QueryRow(ctx, tableExistsSQL, qualifiedName(schema, "atomicphase_releases")).Scan(&exists); err != nil || !exists {
+		return time.Time{}, err
+	}
+	var at *time.Time
+	if err := db.QueryRow(ctx, Render(olderReleaseSeenSQL, schema), needs, window.Microseconds()).Scan(&at); err != nil {
+		return time.Time{}, err
+	}
+	if at == nil {
+		return time.Time{}, nil
+	}
+	return *at, nil
+}
 
 // ErrVersionShape is Announce's error for a version another process
 // recorded with another phase list.
@@ -45,8 +100,9 @@ SELECT NOT EXISTS (SELECT 1 FROM ` + unfinishedKeys + ` AS u
 // process has recorded the version within the horizon (checked again here,
 // so that a process that came back meanwhile keeps it).
 const reclaimVersionSQL = `
-UPDATE /* TEMPLATE: schema */atomicphase_workflow_versions
-SET shape = $3::text, phases = $4::text[], seen_at = now()
+UPDATE /* TEMPLATE: schema */atomicphase_workflow_versions AS v
+SET shape = $3::text, phases = $4::text[], seen_at = now(), current_seen_at = now(),
+    older_seen_at = ` + olderSeenAt + `
 WHERE workflow = $1::text AND version = $2::text AND shape <> $3::text
   AND seen_at < now() - $5::bigint * interval '1 microsecond'
 RETURNING true`
