@@ -40,6 +40,37 @@ func TestMigrate(t *testing.T) {
 	require.Equal(t, "no keys match\n", res.stdout)
 }
 
+// TestMigrateLeavesTheContractStep: on a database that has migrations,
+// migrate applies the expand steps and names the contract step it left;
+// --contract refuses it while an older release was seen within
+// --live-within, and applies it once none was.
+func TestMigrateLeavesTheContractStep(t *testing.T) {
+	t.Parallel()
+	b := setupEmpty(t, &atomicphasetest.Options{SkipMigrations: true})
+	res := b.run(t, "migrate", "--to", "15")
+	require.Equal(t, 0, res.code, res.stderr)
+	// A process of 0.2.0 announces a version (it sets seen_at alone).
+	_, err := b.db.Pool.Exec(b.ctx, `INSERT INTO atomicphase_workflow_versions (workflow, version, shape, phases) VALUES ('w', 'v', 's', '{a}')`)
+	require.NoError(t, err)
+
+	res = b.run(t, "migrate")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Equal(t, "applied 016_sweep_watermark\napplied 017_key_state\napplied 018_hot_finish\napplied 019_record_first\n"+
+		"schema at version 019\n"+
+		"contract step 020_drop_request_indexes left for migrate --contract, once no process of a release that needs a migration before 019 is left\n", res.stdout)
+
+	res = b.run(t, "migrate", "--contract")
+	require.Equal(t, exitFailure, res.code)
+	require.Contains(t, res.stderr, "a process of an older release may still be running")
+	require.Contains(t, res.stderr, "within MigrateOpts.LiveWithin (24h0m0s)")
+
+	_, err = b.db.Pool.Exec(b.ctx, `UPDATE atomicphase_workflow_versions SET seen_at = now() - interval '1 hour'`)
+	require.NoError(t, err)
+	res = b.run(t, "migrate", "--contract", "--live-within", "30m")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Equal(t, "applied 020_drop_request_indexes\nschema at version 020\n", res.stdout)
+}
+
 // TestMigrateSchema migrates into a schema of its own: the commands find
 // the keys there with --schema and say to migrate without it.
 func TestMigrateSchema(t *testing.T) {
