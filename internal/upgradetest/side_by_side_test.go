@@ -1,0 +1,212 @@
+package upgradetest
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase"
+	"github.com/atomicphase/atomicphase/internal/pgtemp"
+)
+
+// service is one process of testdata/service, the same payout service
+// built with the previous release or with this one.
+type service struct {
+	name  string
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	// lines are what it printed per key: "STATUS BODYHASH replayed=BOOL".
+	lines  map[string]string
+	served chan struct{}
+	done   chan error
+}
+
+// start runs bin as a service named name paying out keys (first-last,
+// down when first is the larger).
+func start(t *testing.T, ctx context.Context, bin, name, dbURL, keys string) *service {
+	t.Helper()
+	s := &service{name: name, lines: map[string]string{}, served: make(chan struct{}), done: make(chan error, 1)}
+	s.cmd = exec.CommandContext(ctx, bin)
+	s.cmd.Env = append(withoutEnv(os.Environ(), "TEST_DATABASE_URL", "DATABASE_URL"),
+		"DATABASE_URL="+dbURL, "SERVICE_NAME="+name, "KEYS="+keys)
+	var stderr strings.Builder
+	s.cmd.Stderr = &stderr
+	stdout, err := s.cmd.StdoutPipe()
+	require.NoError(t, err)
+	s.stdin, err = s.cmd.StdinPipe()
+	require.NoError(t, err)
+	require.NoError(t, s.cmd.Start())
+	var once sync.Once
+	go func() {
+		lines := bufio.NewScanner(stdout)
+		for lines.Scan() {
+			key, rest, _ := strings.Cut(lines.Text(), " ")
+			if key == "served" {
+				once.Do(func() { close(s.served) })
+				continue
+			}
+			s.lines[key] = rest
+		}
+		err := s.cmd.Wait()
+		if err != nil {
+			err = fmt.Errorf("%s: %w: %s", name, err, stderr.String())
+		}
+		s.done <- err
+	}()
+	return s
+}
+
+// wait returns once s has served its keys, failing the test if it exits
+// first.
+func (s *service) wait(t *testing.T) {
+	t.Helper()
+	select {
+	case <-s.served:
+	case err := <-s.done:
+		t.Fatalf("%s exited before serving its keys: %v", s.name, err)
+	}
+}
+
+// stop closes s's stdin and waits for it to exit cleanly.
+func (s *service) stop(t *testing.T) {
+	t.Helper()
+	require.NoError(t, s.stdin.Close())
+	require.NoError(t, <-s.done)
+}
+
+// The previous release and this one, side by side, each calling Migrate
+// with no options at start-up, as a service does: a 0.2.0 process serves
+// on its own schema; this release starts while it serves (its Migrate
+// applies the expand steps) and another 0.2.0 process starts with it (its
+// Migrate applies nothing), the two paying out the same keys; the
+// contract step is refused while a 0.2.0 process lives, and applied once
+// none does; a process of this release then replays every key and pays
+// out new ones. The bank pays each key once, each key's answer is the
+// same byte for byte from every process, and every key finishes.
+func TestPreviousReleaseAndThisOneSideBySide(t *testing.T) {
+	if os.Getenv("ATOMICPHASE_TEST_PREVIOUS_RELEASE") == "" {
+		t.Skip("set ATOMICPHASE_TEST_PREVIOUS_RELEASE=1 (make test/previous) to run the previous release beside this one")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	srv, err := pgtemp.Start(ctx)
+	require.NoError(t, err, "a throwaway PostgreSQL from local binaries (scripts/ensure-postgres installs them)")
+	t.Cleanup(func() { _ = srv.Stop() })
+	admin, err := pgx.Connect(ctx, srv.URL)
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, "CREATE DATABASE sidebyside")
+	require.NoError(t, err)
+	require.NoError(t, admin.Close(ctx))
+	u, err := url.Parse(srv.URL)
+	require.NoError(t, err)
+	u.Path = "/sidebyside"
+	dbURL := u.String()
+
+	// The service built with each release.
+	dir := t.TempDir()
+	prevTree := filepath.Join(dir, "previous")
+	require.NoError(t, os.MkdirAll(filepath.Join(prevTree, "cmd", "sidebyside"), 0o755))
+	out, err := exec.CommandContext(ctx, "sh", "-c", fmt.Sprintf("git -C %q archive %s | tar -x -C %q",
+		filepath.Join("..", ".."), previousRelease, prevTree)).CombinedOutput()
+	require.NoError(t, err, "extract the previous release (%s) from git history: %s", previousRelease, out)
+	src, err := os.ReadFile(filepath.Join("testdata", "service", "main.go"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(prevTree, "cmd", "sidebyside", "main.go"), src, 0o644))
+	previousBin, thisBin := filepath.Join(dir, "previous-service"), filepath.Join(dir, "this-service")
+	build := exec.CommandContext(ctx, "go", "build", "-o", previousBin, "./cmd/sidebyside")
+	build.Dir = prevTree
+	out, err = build.CombinedOutput()
+	require.NoError(t, err, "build the service with the previous release: %s", out)
+	out, err = exec.CommandContext(ctx, "go", "build", "-o", thisBin, "./testdata/service").CombinedOutput()
+	require.NoError(t, err, "build the service with this release: %s", out)
+
+	pool, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	states := func(when string) {
+		rows, err := pool.Query(ctx, `SELECT coalesce(response_status::text, 'unfinished'), count(*) FROM idempotency_keys GROUP BY 1 ORDER BY 1`)
+		require.NoError(t, err)
+		var got []string
+		var status string
+		var n int
+		_, err = pgx.ForEachRow(rows, []any{&status, &n}, func() error {
+			got = append(got, fmt.Sprintf("%s: %d", status, n))
+			return nil
+		})
+		require.NoError(t, err)
+		t.Logf("keys by response status %s: %s", when, strings.Join(got, ", "))
+	}
+
+	a := start(t, ctx, previousBin, "previous-a", dbURL, "1-20")
+	a.wait(t)
+	states("with 0.2.0 alone")
+
+	b := start(t, ctx, thisBin, "this-b", dbURL, "40-1")
+	c := start(t, ctx, previousBin, "previous-c", dbURL, "21-40")
+	b.wait(t)
+	c.wait(t)
+	states("with both releases serving")
+	pending, err := atomicphase.PendingMigrations(ctx, pool, nil)
+	require.NoError(t, err)
+	require.Len(t, pending, 1, "the start-ups applied every expand step and left the contract step")
+	require.True(t, pending[0].Contract)
+
+	_, err = atomicphase.Migrate(ctx, pool, &atomicphase.MigrateOpts{Contract: true})
+	require.ErrorIs(t, err, atomicphase.ErrOlderReleaseLive)
+	a.stop(t)
+	c.stop(t)
+	_, err = atomicphase.Migrate(ctx, pool, &atomicphase.MigrateOpts{Contract: true})
+	require.ErrorIs(t, err, atomicphase.ErrOlderReleaseLive, "0.2.0 was seen within the default window")
+	applied, err := atomicphase.Migrate(ctx, pool, &atomicphase.MigrateOpts{Contract: true, LiveWithin: time.Millisecond})
+	require.NoError(t, err, "no 0.2.0 process was seen in the last millisecond")
+	require.Equal(t, []int{pending[0].Version}, applied)
+
+	d := start(t, ctx, thisBin, "this-d", dbURL, "1-50")
+	d.wait(t)
+	b.stop(t)
+	d.stop(t)
+	states("after the contract step")
+
+	var keys, finished, paid, recorded int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE response_status = 201) FROM idempotency_keys`).Scan(&keys, &finished))
+	require.Equal(t, 50, keys)
+	require.Equal(t, 50, finished)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(DISTINCT key), count(*) FROM bank_payments`).Scan(&paid, &recorded))
+	require.Equal(t, 50, paid)
+	require.Equal(t, 50, recorded, "the bank paid each key once")
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(DISTINCT key), count(*) FROM payouts`).Scan(&paid, &recorded))
+	require.Equal(t, [2]int{50, 50}, [2]int{paid, recorded}, "each payout recorded once")
+	var byRelease []string
+	rows, err := pool.Query(ctx, `SELECT by || ': ' || count(*) FROM bank_payments GROUP BY by ORDER BY by`)
+	require.NoError(t, err)
+	byRelease, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	t.Logf("payments made by each process: %s", strings.Join(byRelease, ", "))
+
+	for i := 1; i <= 50; i++ {
+		key := fmt.Sprintf("payout-%03d", i)
+		want := d.lines[key]
+		require.NotEmpty(t, want, key)
+		body, _, _ := strings.Cut(want, " replayed=")
+		for _, s := range []*service{a, b, c} {
+			if got, ok := s.lines[key]; ok {
+				gotBody, _, _ := strings.Cut(got, " replayed=")
+				require.Equal(t, body, gotBody, "%s's answer from %s and from this-d", key, s.name)
+			}
+		}
+		require.Equal(t, i <= 40, strings.HasSuffix(want, "replayed=true"), "%s from this-d", key)
+	}
+}
