@@ -170,9 +170,9 @@ func (r *Runner) RecordVersions(ctx context.Context) error {
 	return nil
 }
 
-// announce records this process's release (the migration it needs) and
-// every registered version in the database: each process's heartbeat, on
-// every sweep.
+// announce records every registered version in the database, each with
+// this process's release (the migration it needs, which a contract step
+// reads): each process's heartbeat, on every sweep.
 //
 // A version another process recorded with another phase list (one
 // WorkflowOpts.Version declared for two definitions) is refused here while
@@ -201,15 +201,9 @@ func (r *Runner) announce(ctx context.Context) error {
 			r.recordFirst.Store(first || !citus)
 		}
 	}
-	// The release first: a contract step that removes what an older
-	// release reads waits until no process of one has been seen.
-	if err := r.store.AnnounceRelease(ctx, r.pool, MinVersion); err != nil {
-		r.unrecorded.Store(true)
-		return err
-	}
 	var errs []error
 	for _, wf := range r.registeredVersions() {
-		err := r.store.Announce(ctx, r.pool, wf.Name(), wf.Version(), wf.shape(), wf.phaseList(), r.cfg.VersionHorizon)
+		err := r.store.Announce(ctx, r.pool, MinVersion, wf.Name(), wf.Version(), wf.shape(), wf.phaseList(), r.cfg.VersionHorizon)
 		ref := keystore.VersionRef(wf.Name(), wf.Version())
 		switch {
 		case errors.Is(err, keystore.ErrVersionShape):

@@ -91,7 +91,7 @@ type statements struct {
 	abandoned, unknownWorkflows, reapPick, reapOne, reapParkedPick, reapParkedOne,
 	levels, recentTrouble, page, pageUnfinished, scopeKeys,
 	recordAudit, auditTrail, history,
-	versionOf, announce, announceRelease, versionDrained, reclaimVersion, deployed, otherVersions, versionKeys, versions, undoAttempt,
+	versionOf, announce, versionDrained, reclaimVersion, deployed, otherVersions, versionKeys, versions, undoAttempt,
 	claim, recordUnit, recordFirst,
 	watermark, planWatermark, passed, markPassed, moveWatermark,
 	plainRecordFirst, plainRecordUnit, plainClaim, plainCheckpoint, plainRenew, keyEvent string
@@ -135,7 +135,6 @@ func New(schema string, lockTimeout time.Duration) *Store {
 		history:          r(historySQL),
 		versionOf:        r(versionOfSQL),
 		announce:         r(announceSQL),
-		announceRelease:  r(announceReleaseSQL),
 		versionDrained:   r(versionDrainedSQL),
 		reclaimVersion:   r(reclaimVersionSQL),
 		deployed:         r(deployedSQL),

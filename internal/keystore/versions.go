@@ -27,7 +27,14 @@ func VersionRef(workflow, version string) string { return workflow + "\x1f" + ve
 // seen_at it finds later than current_seen_at: written by a release that
 // sets seen_at alone (one older than atomicphase_releases), which a
 // contract step waits for (OlderReleaseSeen).
+//
+// With it, the process's release: that a release needing migration $5 is
+// live (atomicphase_releases).
 const announceSQL = `
+WITH release AS (
+    INSERT INTO /* TEMPLATE: schema */atomicphase_releases AS r (needs) VALUES ($5::integer)
+    ON CONFLICT (needs) DO UPDATE SET seen_at = now()
+)
 INSERT INTO /* TEMPLATE: schema */atomicphase_workflow_versions AS v (workflow, version, shape, phases, current_seen_at)
 VALUES ($1::text, $2::text, $3::text, $4::text[], now())
 ON CONFLICT (workflow, version) DO UPDATE SET seen_at = now(), phases = EXCLUDED.phases, current_seen_at = now(),
@@ -38,20 +45,6 @@ RETURNING true`
 // olderSeenAt is what an announcement leaves in older_seen_at: the row's
 // seen_at if an older release wrote it last, else what it held.
 const olderSeenAt = `CASE WHEN v.seen_at > coalesce(v.current_seen_at, '-infinity') THEN v.seen_at ELSE v.older_seen_at END`
-
-// announceReleaseSQL records that a process of a release needing migration
-// $1 is live.
-const announceReleaseSQL = `
-INSERT INTO /* TEMPLATE: schema */atomicphase_releases AS r (needs) VALUES ($1::integer)
-ON CONFLICT (needs) DO UPDATE SET seen_at = now()`
-
-// AnnounceRelease records that a process whose release needs migration
-// needs is live: a contract step that removes what such a release reads
-// waits until none has been seen for a while (OlderReleaseSeen).
-func (s *Store) AnnounceRelease(ctx context.Context, db DB, needs int) error {
-	_, err := db.Exec(ctx, s.sql.announceRelease, needs)
-	return err
-}
 
 // olderReleaseSeenSQL tells when a process of a release that needs a
 // migration before $1 was last seen, if within $2 microseconds: one
@@ -107,14 +100,15 @@ WHERE workflow = $1::text AND version = $2::text AND shape <> $3::text
   AND seen_at < now() - $5::bigint * interval '1 microsecond'
 RETURNING true`
 
-// Announce records that this process runs version of workflow, whose
-// phases are phases and whose phase list hashes to shape: ErrVersionShape
+// Announce records that this process, whose release needs migration
+// needs, runs version of workflow, whose phases are phases and whose
+// phase list hashes to shape: ErrVersionShape
 // when another process recorded the version with another shape, unless
 // that one is gone (no process recorded it within horizon) and drained (no
 // unfinished key started under it): its name is then this phase list's.
-func (s *Store) Announce(ctx context.Context, db DB, workflow, version, shape string, phases []string, horizon time.Duration) error {
+func (s *Store) Announce(ctx context.Context, db DB, needs int, workflow, version, shape string, phases []string, horizon time.Duration) error {
 	var ok bool
-	err := db.QueryRow(ctx, s.sql.announce, workflow, version, shape, phases).Scan(&ok)
+	err := db.QueryRow(ctx, s.sql.announce, workflow, version, shape, phases, needs).Scan(&ok)
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return err
 	}
