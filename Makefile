@@ -37,11 +37,32 @@ EXEC_MODES := cache_describe describe_exec exec simple_protocol
 # would send every package's tests to Citus (see test/citus).
 PLAIN := env -u ATOMICPHASE_TEST_CITUS_URL
 
+# make test is the README's test command: the whole suite in pgx's default
+# exec mode, but for the tests that sweep every fault point over many runs
+# or drive clients under faults for long, which skip themselves under
+# -short (scripts/slow-tests finds them): a few minutes on 2 cores.
+# make test-all runs everything, as CI does.
 .PHONY: test
-test: postgres chromium ## Run the whole test suite, then the core suite in every other pgx exec mode, Rocket Rides through PgBouncer, then the Citus mode if set up
-	$(PLAIN) $(GO) test -count=1 $(PKGS)
+test: postgres chromium ## Run the whole test suite but its longest fault sweeps (make test-all runs everything)
+	$(PLAIN) $(GO) test -short -count=1 $(PKGS)
+
+.PHONY: test/slow
+test/slow: postgres ## Run the tests make test leaves out (scripts/slow-tests lists them)
+	@scripts/slow-tests | while read -r dir re; do \
+	  echo "$(GO) test -count=1 -run '$$re' ./$$dir"; \
+	  $(PLAIN) $(GO) test -count=1 -run "$$re" ./$$dir || exit 1; \
+	done
+
+.PHONY: test-all
+test-all: ## Run everything CI runs: make test, the slow tests, every exec mode, PgBouncer, the race detector, PostgreSQL 14 and 18, the previous release, the docs' commands, and Citus if set up
+	@$(MAKE) --no-print-directory test
+	@$(MAKE) --no-print-directory test/slow
 	@$(MAKE) --no-print-directory test/execmodes
 	@$(MAKE) --no-print-directory test/rocketrides-pgbouncer
+	@$(MAKE) --no-print-directory test/race
+	@$(MAKE) --no-print-directory test/versions
+	@$(MAKE) --no-print-directory test/previous
+	@$(MAKE) --no-print-directory docs-check
 	@$(MAKE) --no-print-directory test/citus
 
 # The Citus mode (docs/scale.md): the core suite, the fault-injection
@@ -71,7 +92,7 @@ test/execmodes: postgres ## Run the core suite once per non-default pgx query ex
 # database this version migrated: an upgrade needs no stop
 # (internal/upgradetest, docs/operations.md "Upgrades").
 .PHONY: test/previous
-test/previous: postgres ## Run the previous release's core suite on this version's schema
+test/previous: postgres ## Run the previous release's core suite on this version's schema, and the previous release beside this one
 	ATOMICPHASE_TEST_PREVIOUS_RELEASE=1 $(PLAIN) $(GO) test -count=1 -timeout 20m ./internal/upgradetest
 
 # The PgBouncer exec modes: those that work through transaction pooling.
@@ -99,6 +120,18 @@ test/versions: ## Run the core suite on PostgreSQL 14 and 18 (server binaries fr
 .PHONY: test/race
 test/race: postgres chromium ## Run the whole test suite with the race detector
 	$(PLAIN) $(GO) test -race -count=1 $(PKGS)
+
+# docs/production.md's commands, each run or checked by a test.
+.PHONY: docs-check
+docs-check: postgres ## Run the commands docs/production.md gives
+	$(PLAIN) $(GO) test -count=1 -run '^TestProductionGuide' ./cmd/atomicphase/
+
+# make release VERSION=x.y.z: refuses a dirty tree or a failing make test,
+# moves [Unreleased] under the version, requires it in every module, commits
+# and tags (scripts/release).
+.PHONY: release
+release: ## Cut a release: make release VERSION=x.y.z
+	@scripts/release "$(VERSION)"
 
 .PHONY: lint
 lint: ## Check formatting, go vet, a tidy go.mod in every module, and apvet over the examples

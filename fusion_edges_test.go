@@ -376,6 +376,9 @@ func TestReviewConcurrentDuplicatesUnderFailures(t *testing.T) {
 // suites use responds in that unit, so they cannot see what a lost commit
 // answer (or an error after the commit) does there.
 func TestReviewExplorerOverAFusedUnitThatDoesNotRespond(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a sweep of fault points over many runs; make test-all runs it")
+	}
 	t.Parallel()
 	atomicphasetest.Explore(t, atomicphasetest.Scenario{
 		Name: "rewind",

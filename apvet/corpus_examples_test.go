@@ -117,6 +117,9 @@ func analyzeExamples(t *testing.T) []*checker.Action {
 // analysistest.Run loads a module, golang.org/x/sys is at another version
 // (and the load fails where the module cache lacks it).
 func TestCorpusLoadsExamplesAsTheWorkspaceBuildsThem(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the analyzer over its whole measured corpus; make test-all runs it")
+	}
 	root, pkgs := loadExamples(t)
 
 	list := exec.Command("go", "list", "-m", "-f", "{{.Path}} {{.Version}}", "all")

@@ -27,6 +27,9 @@ import (
 // there. analysistest fails the test on any finding off the list and on
 // any mistake missed; the counts below are what docs/apvet.md states.
 func TestCorpus(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the analyzer over its whole measured corpus; make test-all runs it")
+	}
 	testdata := analysistest.TestData()
 	sound := analysistest.Run(t, testdata, apvet.Analyzer, "corpus/sound/...")
 	if _, err := os.Stat(filepath.Join("..", "examples", "go.mod")); err != nil {

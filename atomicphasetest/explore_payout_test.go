@@ -55,6 +55,9 @@ func payoutScenarioWith(first string, rec testshop.Reconciliation) atomicphasete
 // downstream-side ways an outcome becomes unknown; the process dying after
 // sending is the crash and panic actions at pay:after-foreign).
 func TestExplorePayoutEveryPointAndAction(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a sweep of fault points over many runs; make test-all runs it")
+	}
 	t.Parallel()
 	for _, first := range []string{"", testshop.BankActThenLose, testshop.BankRefuseThenLose} {
 		t.Run("first="+first, func(t *testing.T) {
@@ -86,6 +89,9 @@ func TestExplorePayoutEveryPointAndAction(t *testing.T) {
 // TestExplorePayoutRandomConsecutiveFaults faults the reconciling retries
 // too, after a first answer lost.
 func TestExplorePayoutRandomConsecutiveFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a sweep of fault points over many runs; make test-all runs it")
+	}
 	t.Parallel()
 	rep := atomicphasetest.ExploreRandom(t, payoutScenario(testshop.BankActThenLose, true), 20261123, 25)
 	for _, row := range rep.Rows[1:] {
@@ -101,6 +107,9 @@ func TestExplorePayoutRandomConsecutiveFaults(t *testing.T) {
 // with crashes only, at the process dying right after the call. Either
 // way the report names the point and action.
 func TestExplorerCatchesAnUnreconciledPayout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a sweep of fault points over many runs; make test-all runs it")
+	}
 	t.Parallel()
 	for _, c := range []struct {
 		name    string
@@ -139,6 +148,9 @@ func TestExplorerCatchesAnUnreconciledPayout(t *testing.T) {
 // (an acknowledgement at the bank) runs only on a later attempt, so only a
 // fault on the second attempt repeats it: the explorer must catch that.
 func TestExplorerFaultsEveryAttemptOfTheCleanRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a sweep of fault points over many runs; make test-all runs it")
+	}
 	t.Parallel()
 	t.Run("sound", func(t *testing.T) {
 		t.Parallel()
@@ -178,6 +190,9 @@ func TestExplorerFaultsEveryAttemptOfTheCleanRun(t *testing.T) {
 // reconciling and finishing the key, and the client's replay, and the
 // sweep's points are faulted with every action like the client's.
 func TestExplorerFaultsTheSweepFinishingAKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a sweep of fault points over many runs; make test-all runs it")
+	}
 	t.Parallel()
 	sc := payoutScenario(testshop.BankActThenLose, true)
 	sc.Sweep = true

@@ -45,6 +45,9 @@ func shopScenario(f testshop.Flaw) atomicphasetest.Scenario {
 }
 
 func TestExploreEveryPointAndAction(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a sweep of fault points over many runs; make test-all runs it")
+	}
 	t.Parallel()
 	sc := shopScenario(testshop.Sound)
 	if testing.Verbose() {
@@ -84,6 +87,9 @@ func TestExploreEveryPointAndAction(t *testing.T) {
 }
 
 func TestExploreRandomConsecutiveFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a sweep of fault points over many runs; make test-all runs it")
+	}
 	t.Parallel()
 	rep := atomicphasetest.ExploreRandom(t, shopScenario(testshop.Sound), 20261122, 25)
 	retriedUnderFault := 0
@@ -98,6 +104,9 @@ func TestExploreRandomConsecutiveFaults(t *testing.T) {
 }
 
 func TestExplorerCatchesBrokenWorkflows(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a sweep of fault points over many runs; make test-all runs it")
+	}
 	t.Parallel()
 	cases := []struct {
 		name   string
@@ -200,6 +209,9 @@ func uniq(ps []faultinject.Passed) map[atomicphase.FaultPoint]bool {
 // (replays and takes answered from that read), still make one charge and
 // one order.
 func TestExploreAssumingNewKeys(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a sweep of fault points over many runs; make test-all runs it")
+	}
 	t.Parallel()
 	sc := shopScenario(testshop.AssumingNew)
 	if testing.Verbose() {

@@ -65,6 +65,37 @@ CREATE TABLE /* TEMPLATE: schema */atomicphase_releases (
 ALTER TABLE /* TEMPLATE: schema */atomicphase_workflow_versions ADD COLUMN current_seen_at timestamptz;
 ALTER TABLE /* TEMPLATE: schema */atomicphase_workflow_versions ADD COLUMN older_seen_at timestamptz;
 
+-- A role that runs requests already (a previous release's, granted the
+-- key table and the versions table) gets what this release's processes
+-- write besides: the sweep's watermark (migration 016) with UPDATE on the
+-- key table, the releases table with INSERT on the versions table. A role
+-- granted them later needs them too (docs/security-and-limits.md,
+-- "Database roles"). Every name and operator qualified, as in 017.
+DO $$
+DECLARE
+    v_grant record;
+BEGIN
+    FOR v_grant IN
+        SELECT DISTINCT x.target, CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
+                                       ELSE pg_catalog.quote_ident(r.rolname::pg_catalog.text) END AS grantee
+        FROM (VALUES (pg_catalog.pg_typeof(NULL::/* TEMPLATE: schema */idempotency_keys), 'UPDATE',
+                      pg_catalog.pg_typeof(NULL::/* TEMPLATE: schema */atomicphase_sweep_watermark)),
+                     (pg_catalog.pg_typeof(NULL::/* TEMPLATE: schema */atomicphase_workflow_versions), 'INSERT',
+                      pg_catalog.pg_typeof(NULL::/* TEMPLATE: schema */atomicphase_releases)))
+             AS x0(source_type, privilege, target_type),
+             LATERAL (SELECT (SELECT t.typrelid FROM pg_catalog.pg_type t WHERE t.oid OPERATOR(pg_catalog.=) x0.source_type::pg_catalog.oid) AS source,
+                             (SELECT t.typrelid::pg_catalog.regclass FROM pg_catalog.pg_type t WHERE t.oid OPERATOR(pg_catalog.=) x0.target_type::pg_catalog.oid) AS target) AS x,
+             pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+        LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+        WHERE c.oid OPERATOR(pg_catalog.=) x.source
+          AND a.privilege_type OPERATOR(pg_catalog.=) x0.privilege
+          AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+    LOOP
+        EXECUTE pg_catalog.format('GRANT SELECT, INSERT, UPDATE ON %s TO %s', v_grant.target, v_grant.grantee);
+    END LOOP;
+END
+$$;
+
 -- What each table, column and function is for, in the catalog (\d+ and \df+
 -- in psql show it) and in schema.sql, which is written from the catalog.
 COMMENT ON TABLE /* TEMPLATE: schema */idempotency_keys IS 'One row per (scope, idempotency key): the request it was first sent with, where its workflow stands, who holds it, and once finished the response every retry gets.';

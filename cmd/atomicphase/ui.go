@@ -63,7 +63,7 @@ for the sweep of a process that registered its workflow. Mount the console
 in that process (apui.NewHandler) to resume keys at once.`),
 		Example: examples(
 			`atomicphase ui`,
-			`ATOMICPHASE_UI_TOKEN=s3cret atomicphase ui --listen :8081`,
+			`ATOMICPHASE_UI_TOKEN=a-long-random-token atomicphase ui --listen :8081`,
 			`atomicphase ui --read-only`,
 			`ATOMICPHASE_UI_TOKEN=$(openssl rand -hex 16) atomicphase ui --listen :8081 --allowed-host ops-1.internal`,
 		),
