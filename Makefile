@@ -48,7 +48,7 @@ test: postgres chromium ## Run the whole test suite but its longest fault sweeps
 
 .PHONY: test/slow
 test/slow: postgres ## Run the tests make test leaves out (scripts/slow-tests lists them)
-	@scripts/slow-tests | while read -r dir re; do \
+	@list=$$(scripts/slow-tests) || exit 1; echo "$$list" | while read -r dir re; do \
 	  echo "$(GO) test -count=1 -run '$$re' ./$$dir"; \
 	  $(PLAIN) $(GO) test -count=1 -run "$$re" ./$$dir || exit 1; \
 	done
