@@ -116,3 +116,58 @@ func TestTheContractStepReadsTheReleasesTable(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []int{atomicphase.MinVersion + 1}, applied)
 }
+
+// A 0.2.0 announcement whose statement took its time before this
+// release's and wrote after it (seen_at earlier than current_seen_at) is
+// still told apart: by difference, not by order.
+func TestTheContractStepSeesAnOlderAnnouncementThatWroteLate(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t, unmigratedDBOpts, nil)
+	_, err := atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{TargetVersion: atomicphase.MinVersion})
+	require.NoError(t, err)
+	var c counters
+	wf := orderWorkflow(t, &c, hooks{})
+	require.NoError(t, b.runner.Register(wf))
+	require.NoError(t, b.runner.RecordVersions(b.ctx))
+
+	previous, err := b.db.Pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer previous.Rollback(b.ctx) //nolint:errcheck // committed below
+	_, err = previous.Exec(b.ctx, `SELECT now()`) // its transaction's time, taken now
+	require.NoError(t, err)
+	require.NoError(t, b.runner.RecordVersions(b.ctx)) // this release's, a moment later
+	var ok bool
+	require.NoError(t, previous.QueryRow(b.ctx, previousAnnounceSQL, wf.Name(), wf.Version(), atomicphase.ShapeOf(wf), []string{"a"}).Scan(&ok))
+	require.NoError(t, previous.Commit(b.ctx))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM atomicphase_workflow_versions WHERE seen_at < current_seen_at`),
+		"the older release's write carries the earlier time")
+
+	_, err = atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{Contract: true})
+	require.ErrorIs(t, err, atomicphase.ErrOlderReleaseLive)
+	require.NoError(t, b.runner.RecordVersions(b.ctx)) // and this release's next announcement keeps its trace
+	_, err = atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{Contract: true})
+	require.ErrorIs(t, err, atomicphase.ErrOlderReleaseLive)
+}
+
+// Asked for by number alone, a contract step is refused: TargetVersion
+// names it, Contract does not. And a database whose key table was made
+// without the ledger (by a tool of its own) is no fresh one: Migrate
+// applies no contract step there unasked.
+func TestAContractStepIsAppliedOnlyWhenAsked(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t, unmigratedDBOpts, nil)
+	_, err := atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{TargetVersion: atomicphase.MinVersion + 1})
+	require.ErrorContains(t, err, "a contract step: set MigrateOpts.Contract")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM pg_class WHERE relname = 'idempotency_keys'`), "nothing applied")
+
+	// The expand steps applied, and the ledger emptied (as a tool of the
+	// user's, which keeps no ledger of ours, would leave it).
+	_, err = atomicphase.Migrate(b.ctx, b.db.Pool, &atomicphase.MigrateOpts{TargetVersion: atomicphase.MinVersion})
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(b.ctx, `DELETE FROM atomicphase_migration`)
+	require.NoError(t, err)
+	_, err = atomicphase.Migrate(b.ctx, b.db.Pool, nil)
+	require.Error(t, err, "the migrations are applied already, outside the ledger")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM pg_class WHERE relname = 'idempotency_keys_due_idx'`),
+		"the contract step was not applied unasked")
+}

@@ -117,7 +117,7 @@ var ErrOlderReleaseLive = errors.New("a process of an older release may still be
 
 // contractMark marks a contract step in its up SQL, with the oldest
 // migration a release may need to keep working after it.
-var contractMark = regexp.MustCompile(`(?m)^-- atomicphase:contract needs=(\d+)$`)
+var contractMark = regexp.MustCompile(`(?m)^-- atomicphase:contract needs=(\d+)\r?$`)
 
 // MinVersion is the migration this version of the library needs the
 // database to have reached: CheckSchema refuses an older schema. The
@@ -132,7 +132,9 @@ func (o *MigrateOpts) schema() string {
 }
 
 // Migrations returns the package's migrations in version order, their SQL
-// written for opts.Schema. Use it to feed your own migration tool; schema.sql
+// written for opts.Schema. Fed to a migration tool of your own, hold back
+// each contract step (Migration.Contract) until no process of a release
+// older than its Needs is left, as Migrate does. Use it to feed your own migration tool; schema.sql
 // holds the same SQL, for the default schema, in one file. It applies the
 // same rules to the schema name as Migrate and NewRunner, and renders
 // nothing for a name they refuse.
@@ -185,8 +187,14 @@ type Beginner interface {
 // calls across processes ("atomicph" in ASCII).
 const migrateLockID = 0x61746f6d69637068
 
-// Migrate applies every migration the database does not have yet, each in
-// its own transaction, recording them in atomicphase_migration. It is
+// Migrate applies the migrations the database does not have yet, each in
+// its own transaction, recording them in atomicphase_migration: the
+// expand steps, which a running previous release keeps working on, and
+// the contract steps (Migration.Contract) only with MigrateOpts.Contract
+// or on a database it migrates from nothing (no ledger, no key table), so
+// that a service may call it at start-up during a rollout. A contract step
+// refuses, changing nothing, while a process of an older release may
+// still run (ErrOlderReleaseLive; the expand steps before it are applied). It is
 // idempotent and safe to call from several processes at once: an advisory
 // lock makes them take turns, and each re-reads what is applied after
 // taking it. It returns the versions it applied. opts may be nil for the
@@ -212,10 +220,16 @@ func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error)
 			}
 		}
 	}
+	if opts != nil && opts.LiveWithin < 0 {
+		return nil, fmt.Errorf("atomicphase: MigrateOpts.LiveWithin is %s; use a positive duration, or 0 for the default %s", opts.LiveWithin, DefaultVersionHorizon)
+	}
 	if opts != nil && opts.TargetVersion != 0 {
 		if opts.TargetVersion < 0 || opts.TargetVersion > migrations[len(migrations)-1].Version {
 			return nil, fmt.Errorf("atomicphase: MigrateOpts.TargetVersion is %d; want a migration's version, 1 to %d, or 0 for all",
 				opts.TargetVersion, migrations[len(migrations)-1].Version)
+		}
+		if m := migrations[slices.IndexFunc(migrations, func(m Migration) bool { return m.Version >= opts.TargetVersion })]; m.Version == opts.TargetVersion && m.Contract && !opts.Contract {
+			return nil, fmt.Errorf("atomicphase: MigrateOpts.TargetVersion is %d, migration %03d_%s, a contract step: set MigrateOpts.Contract to apply it", m.Version, m.Version, m.Name)
 		}
 		migrations = slices.DeleteFunc(migrations, func(m Migration) bool { return m.Version > opts.TargetVersion })
 	}
@@ -235,17 +249,20 @@ func Migrate(ctx context.Context, db Beginner, opts *MigrateOpts) ([]int, error)
 			}
 		}
 	}
-	if opts != nil && opts.LiveWithin < 0 {
-		return nil, fmt.Errorf("atomicphase: MigrateOpts.LiveWithin is %s; use a positive duration, or 0 for the default %s", opts.LiveWithin, DefaultVersionHorizon)
-	}
 	applied, err := applyAll(ctx, db, opts, migrations)
-	if err != nil {
+	if err != nil && !errors.Is(err, ErrOlderReleaseLive) {
 		return applied, err
 	}
+	// A contract step refused: the expand steps applied before it are
+	// distributed all the same.
+	refused := err
 	if opts != nil && opts.Citus {
 		if err := keystore.DistributeOnCitus(ctx, db, opts.schema()); err != nil {
 			return applied, fmt.Errorf("atomicphase: distribute on Citus: %w", err)
 		}
+	}
+	if refused != nil {
+		return applied, refused
 	}
 	if opts != nil && opts.ScopeCap {
 		if err := buildScopeCapIndex(ctx, db, opts.schema()); err != nil {
@@ -306,11 +323,19 @@ func applyAll(ctx context.Context, db Beginner, opts *MigrateOpts, migrations []
 	case !errors.Is(err, errNoSession):
 		return nil, err
 	}
-	// A database with no migration applied has no older release on it:
-	// its contract steps are applied with the rest. Told under the lock.
+	// A database with no migration applied and no key table has no older
+	// release on it: its contract steps are applied with the rest. Told
+	// under the lock.
 	fresh, err := ledgerEmpty(ctx, db, schema)
 	if err != nil {
 		return nil, fmt.Errorf("atomicphase: read the migration ledger: %w", err)
+	}
+	if q, ok := db.(keystore.DB); ok && fresh {
+		exists, err := keystore.TableExists(ctx, q, schema)
+		if err != nil {
+			return nil, err
+		}
+		fresh = !exists
 	}
 	contract := fresh || (opts != nil && opts.Contract)
 	for _, m := range migrations {

@@ -55,8 +55,8 @@ $$;
 -- records on every announcement the migration its release needs
 -- (MinVersion) in atomicphase_releases. An older release records nothing
 -- there, but it does announce its workflow versions, and its announcement
--- sets seen_at alone: a later release's sets current_seen_at with it, and
--- keeps in older_seen_at the last seen_at it finds that it did not write.
+-- sets seen_at alone: a later release's sets current_seen_at to the same
+-- time, and keeps in older_seen_at a seen_at it finds that differs.
 -- Expand only: a table and two columns a previous release never reads.
 CREATE TABLE /* TEMPLATE: schema */atomicphase_releases (
     needs   integer     PRIMARY KEY,

@@ -66,6 +66,9 @@ run.`),
 		),
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if liveWithin != 0 && !contract {
+				return &usageError{fmt.Errorf("--live-within is for a contract step: give it with --contract")}
+			}
 			return c.withPool(cmd.Context(), func(pool *pgxpool.Pool) error {
 				opts := &atomicphase.MigrateOpts{Schema: c.schema, Citus: citus, ScopeCap: scopeCap, TargetVersion: to,
 					AllowPublicCreate: allowPublicCreate, Contract: contract, LiveWithin: liveWithin}

@@ -33,6 +33,12 @@ func TestQuickstart(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	if atomicphasetest.OnCitus() {
+		// The docs quote one PostgreSQL's output: on Citus every request
+		// reads its key first, one round trip more (docs/scale.md).
+		t.Log("on Citus: the run's invariants hold; its output is not the one the docs quote")
+		return
+	}
 	readme := read(t, "README.md")
 	quoted := regexp.MustCompile("(?s)```\n(atomicphase quickstart: .*?)```").FindStringSubmatch(readme)
 	if quoted == nil {

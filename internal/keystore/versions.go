@@ -23,10 +23,12 @@ func VersionRef(workflow, version string) string { return workflow + "\x1f" + ve
 // A version recorded with another shape (its phase list) is not touched,
 // and no row is returned.
 //
-// It writes current_seen_at with seen_at, and keeps in older_seen_at a
-// seen_at it finds later than current_seen_at: written by a release that
-// sets seen_at alone (one older than atomicphase_releases), which a
-// contract step waits for (OlderReleaseSeen).
+// It writes current_seen_at with seen_at, the two equal, and keeps in
+// older_seen_at a seen_at it finds that differs from current_seen_at:
+// written by a release that sets seen_at alone (one older than
+// atomicphase_releases), which a contract step waits for
+// (OlderReleaseSeen). Told by difference, not order: such a release's
+// statement may take its now() before this one's and write after it.
 //
 // With it, the process's release: that a release needing migration $5 is
 // live (atomicphase_releases).
@@ -43,8 +45,9 @@ ON CONFLICT (workflow, version) DO UPDATE SET seen_at = now(), phases = EXCLUDED
 RETURNING true`
 
 // olderSeenAt is what an announcement leaves in older_seen_at: the row's
-// seen_at if an older release wrote it last, else what it held.
-const olderSeenAt = `CASE WHEN v.seen_at > coalesce(v.current_seen_at, '-infinity') THEN v.seen_at ELSE v.older_seen_at END`
+// seen_at if an older release wrote it last (the later of the two), else
+// what it held.
+const olderSeenAt = `CASE WHEN v.seen_at IS DISTINCT FROM v.current_seen_at THEN greatest(v.seen_at, v.older_seen_at) ELSE v.older_seen_at END`
 
 // olderReleaseSeenSQL tells when a process of a release that needs a
 // migration before $1 was last seen, if within $2 microseconds: one
@@ -54,7 +57,7 @@ const olderReleaseSeenSQL = `
 SELECT max(at) FROM (
     SELECT seen_at FROM /* TEMPLATE: schema */atomicphase_releases WHERE needs < $1::integer
     UNION ALL
-    SELECT greatest(v.older_seen_at, CASE WHEN v.seen_at > coalesce(v.current_seen_at, '-infinity') THEN v.seen_at END)
+    SELECT greatest(v.older_seen_at, CASE WHEN v.seen_at IS DISTINCT FROM v.current_seen_at THEN v.seen_at END)
     FROM /* TEMPLATE: schema */atomicphase_workflow_versions AS v
 ) AS s(at)
 WHERE at > now() - $2::bigint * interval '1 microsecond'`

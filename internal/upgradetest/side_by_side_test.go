@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -29,16 +28,17 @@ type service struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
 	// lines are what it printed per key: "STATUS BODYHASH replayed=BOOL".
-	lines  map[string]string
-	served chan struct{}
-	done   chan error
+	lines map[string]string
+	// steps gets each step it reports ("migrated", "first", "served").
+	steps chan string
+	done  chan error
 }
 
 // start runs bin as a service named name paying out keys (first-last,
 // down when first is the larger).
 func start(t *testing.T, ctx context.Context, bin, name, dbURL, keys string) *service {
 	t.Helper()
-	s := &service{name: name, lines: map[string]string{}, served: make(chan struct{}), done: make(chan error, 1)}
+	s := &service{name: name, lines: map[string]string{}, steps: make(chan string, 3), done: make(chan error, 1)}
 	s.cmd = exec.CommandContext(ctx, bin)
 	s.cmd.Env = append(withoutEnv(os.Environ(), "TEST_DATABASE_URL", "DATABASE_URL"),
 		"DATABASE_URL="+dbURL, "SERVICE_NAME="+name, "KEYS="+keys)
@@ -49,13 +49,12 @@ func start(t *testing.T, ctx context.Context, bin, name, dbURL, keys string) *se
 	s.stdin, err = s.cmd.StdinPipe()
 	require.NoError(t, err)
 	require.NoError(t, s.cmd.Start())
-	var once sync.Once
 	go func() {
 		lines := bufio.NewScanner(stdout)
 		for lines.Scan() {
-			key, rest, _ := strings.Cut(lines.Text(), " ")
-			if key == "served" {
-				once.Do(func() { close(s.served) })
+			key, rest, found := strings.Cut(lines.Text(), " ")
+			if !found {
+				s.steps <- key
 				continue
 			}
 			s.lines[key] = rest
@@ -69,14 +68,38 @@ func start(t *testing.T, ctx context.Context, bin, name, dbURL, keys string) *se
 	return s
 }
 
-// wait returns once s has served its keys, failing the test if it exits
-// first.
-func (s *service) wait(t *testing.T) {
+// reach waits until s reports step, failing the test if it exits first.
+func (s *service) reach(t *testing.T, step string) {
 	t.Helper()
 	select {
-	case <-s.served:
+	case got := <-s.steps:
+		require.Equal(t, step, got, s.name)
 	case err := <-s.done:
-		t.Fatalf("%s exited before serving its keys: %v", s.name, err)
+		t.Fatalf("%s exited before %q: %v", s.name, step, err)
+	}
+}
+
+// proceed lets s go on from the step it waits at.
+func (s *service) proceed(t *testing.T) {
+	t.Helper()
+	_, err := io.WriteString(s.stdin, "go\n")
+	require.NoError(t, err)
+}
+
+// run takes the services through their steps together: each migrates at
+// start-up, each pays its first key, then each serves the rest.
+func run(t *testing.T, services ...*service) {
+	t.Helper()
+	for _, step := range []string{"migrated", "first"} {
+		for _, s := range services {
+			s.reach(t, step)
+		}
+		for _, s := range services {
+			s.proceed(t)
+		}
+	}
+	for _, s := range services {
+		s.reach(t, "served")
 	}
 }
 
@@ -152,13 +175,12 @@ func TestPreviousReleaseAndThisOneSideBySide(t *testing.T) {
 	}
 
 	a := start(t, ctx, previousBin, "previous-a", dbURL, "1-20")
-	a.wait(t)
+	run(t, a)
 	states("with 0.2.0 alone")
 
 	b := start(t, ctx, thisBin, "this-b", dbURL, "40-1")
 	c := start(t, ctx, previousBin, "previous-c", dbURL, "21-40")
-	b.wait(t)
-	c.wait(t)
+	run(t, b, c) // both pay a key before either goes on: side by side
 	states("with both releases serving")
 	pending, err := atomicphase.PendingMigrations(ctx, pool, nil)
 	require.NoError(t, err)
@@ -186,7 +208,7 @@ func TestPreviousReleaseAndThisOneSideBySide(t *testing.T) {
 	}
 
 	d := start(t, ctx, thisBin, "this-d", dbURL, "1-50")
-	d.wait(t)
+	run(t, d)
 	b.stop(t)
 	d.stop(t)
 	states("after the contract step")
@@ -206,6 +228,7 @@ func TestPreviousReleaseAndThisOneSideBySide(t *testing.T) {
 	byRelease, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	t.Logf("payments made by each process: %s", strings.Join(byRelease, ", "))
+	require.Len(t, byRelease, 4, "each process paid out keys of its own: %v", byRelease)
 
 	for i := 1; i <= 50; i++ {
 		key := fmt.Sprintf("payout-%03d", i)

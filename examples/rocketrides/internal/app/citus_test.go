@@ -61,7 +61,7 @@ func TestBookingRunsOnOneWorkerOnCitus(t *testing.T) {
 	require.NoError(t, err)
 	placed, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
-	require.Equal(t, []string{"audit_records by rider, with the keys", "idempotency_keys by scope, with the keys",
+	require.Equal(t, []string{"atomicphase_key_history by scope, with the keys", "audit_records by rider, with the keys", "idempotency_keys by scope, with the keys",
 		"receipt_outbox by rider, with the keys", "rides by rider, with the keys", "users reference"}, placed)
 
 	payments, err := fakestripe.Start()

@@ -2,10 +2,12 @@
 // source against each release: the side-by-side upgrade test builds it
 // with the previous release and with this one. At start-up it migrates the
 // way a service does (Migrate with no options), records its workflow
-// versions, and pays out the keys named by KEYS ("first-last", in that
+// versions, says "migrated" and waits for a line on stdin, and pays out
+// the keys named by KEYS ("first-last", in that
 // order, down when first is the larger), retrying
-// each while another process holds it; it prints one line per key, then
-// "served", and stays live (its versions recorded) until its stdin closes.
+// each while another process holds it; it prints one line per key (after
+// the first, "first", and waits for another line), then "served", and
+// stays live (its versions recorded) until its stdin closes.
 package main
 
 import (
@@ -48,6 +50,14 @@ func run(ctx context.Context) error {
 	if _, err := atomicphase.Migrate(ctx, pool, nil); err != nil {
 		return fmt.Errorf("migrate at start-up: %w", err)
 	}
+	in := bufio.NewScanner(os.Stdin)
+	// wait says where it is and waits for a line on stdin: the test
+	// starts two processes' work together, and holds each after its first
+	// key until the other has paid one too.
+	wait := func(what string) {
+		fmt.Println(what)
+		in.Scan()
+	}
 	// The service's own tables (bank_payments is the bank's side: one row
 	// per payment it made).
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS payouts (ref bigserial PRIMARY KEY, key text NOT NULL, by text NOT NULL);
@@ -80,6 +90,7 @@ func run(ctx context.Context) error {
 	if err := runner.RecordVersions(ctx); err != nil {
 		return err
 	}
+	wait("migrated")
 	first, last, _ := strings.Cut(os.Getenv("KEYS"), "-")
 	lo, err1 := strconv.Atoi(first)
 	hi, err2 := strconv.Atoi(last)
@@ -105,12 +116,14 @@ func run(ctx context.Context) error {
 			fmt.Printf("%s %d %x replayed=%t\n", key, resp.Status, sha256.Sum256(resp.Body), resp.Replayed)
 			break
 		}
+		if i == lo {
+			wait("first")
+		}
 	}
 	fmt.Println("served")
 	// Live until told to stop: a process that stays up records its
 	// versions again now and then (a sweep would).
-	lines := bufio.NewScanner(os.Stdin)
-	for lines.Scan() {
+	for in.Scan() {
 		if err := runner.RecordVersions(ctx); err != nil {
 			return err
 		}
