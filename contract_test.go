@@ -132,8 +132,9 @@ func TestTheContractStepSeesAnOlderAnnouncementThatWroteLate(t *testing.T) {
 
 	previous, err := b.db.Pool.Begin(b.ctx)
 	require.NoError(t, err)
-	defer previous.Rollback(b.ctx)                //nolint:errcheck // committed below
-	_, err = previous.Exec(b.ctx, `SELECT now()`) // its transaction's time, taken now
+	defer previous.Rollback(b.ctx) //nolint:errcheck // committed below
+	// Its transaction's time, taken now.
+	_, err = previous.Exec(b.ctx, `SELECT now()`)
 	require.NoError(t, err)
 	require.NoError(t, b.runner.RecordVersions(b.ctx)) // this release's, a moment later
 	var ok bool
