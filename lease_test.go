@@ -135,6 +135,9 @@ func TestSlowCallIsNotSentTwiceWhileItsHolderLives(t *testing.T) {
 		_, err := b.runner.Run(context.Background(), wf, payoutRequest("slow"))
 		first <- err
 	}()
+	// The client retries once its first attempt holds the key and calls
+	// the bank (before that, a retry could be the one that records it).
+	require.Eventually(t, func() bool { return bk.calls.Load() == 1 }, 30*time.Second, time.Millisecond)
 	resp := retryUntilDone(t, b.runner, wf, payoutRequest("slow"), lockTimeout/2)
 	require.NoError(t, <-first, "the first attempt kept its lease through the call")
 	require.Equal(t, 201, resp.Status)

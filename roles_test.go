@@ -217,7 +217,7 @@ func TestNoFunctionRunsAsItsOwner(t *testing.T) {
 	}
 	db := atomicphasetest.NewDB(t, &atomicphasetest.Options{SkipMigrations: true})
 	for _, m := range migrations(t, nil) {
-		_, err := atomicphase.Migrate(t.Context(), db.Pool, &atomicphase.MigrateOpts{TargetVersion: m.Version})
+		_, err := atomicphase.Migrate(t.Context(), db.Pool, &atomicphase.MigrateOpts{TargetVersion: m.Version, Contract: m.Contract})
 		require.NoError(t, err)
 		require.Empty(t, definers(db), "after migration %03d", m.Version)
 	}
