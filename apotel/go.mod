@@ -3,7 +3,7 @@ module github.com/atomicphase/atomicphase/apotel
 go 1.25.0
 
 require (
-	github.com/atomicphase/atomicphase v0.2.0
+	github.com/atomicphase/atomicphase v0.3.0
 	github.com/stretchr/testify v1.12.1
 	go.opentelemetry.io/otel v1.46.0
 	go.opentelemetry.io/otel/metric v1.46.0

@@ -5,7 +5,7 @@ go 1.25.0
 replace github.com/atomicphase/atomicphase => ../
 
 require (
-	github.com/atomicphase/atomicphase v0.2.0
+	github.com/atomicphase/atomicphase v0.3.0
 	github.com/chromedp/chromedp v0.14.2
 	github.com/stretchr/testify v1.12.1
 )

@@ -3,7 +3,7 @@ module github.com/atomicphase/atomicphase/examples
 go 1.25.0
 
 require (
-	github.com/atomicphase/atomicphase v0.2.0
+	github.com/atomicphase/atomicphase v0.3.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/riverqueue/river v0.44.1
 	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.44.1
@@ -16,7 +16,7 @@ require (
 	github.com/Azure/go-ansiterm v0.0.0-20230124172434-306776ec8161 // indirect
 	github.com/Microsoft/go-winio v0.6.2 // indirect
 	github.com/Nvveen/Gotty v0.0.0-20120604004816-cd527374f1e5 // indirect
-	github.com/atomicphase/atomicphase/apui v0.2.0
+	github.com/atomicphase/atomicphase/apui v0.3.0
 	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
 	github.com/containerd/continuity v0.4.5 // indirect
 	github.com/docker/cli v27.4.1+incompatible // indirect

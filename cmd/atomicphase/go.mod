@@ -5,7 +5,7 @@ go 1.25.0
 replace github.com/atomicphase/atomicphase => ../../
 
 require (
-	github.com/atomicphase/atomicphase v0.2.0
+	github.com/atomicphase/atomicphase v0.3.0
 	github.com/chromedp/cdproto v0.0.0-20250724212937-08a3db8b4327
 	github.com/chromedp/chromedp v0.14.2
 	github.com/jackc/pgx/v5 v5.12.0
@@ -26,7 +26,7 @@ require (
 	github.com/Azure/go-ansiterm v0.0.0-20230124172434-306776ec8161 // indirect
 	github.com/Microsoft/go-winio v0.6.2 // indirect
 	github.com/Nvveen/Gotty v0.0.0-20120604004816-cd527374f1e5 // indirect
-	github.com/atomicphase/atomicphase/apui v0.2.0
+	github.com/atomicphase/atomicphase/apui v0.3.0
 	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
 	github.com/containerd/continuity v0.4.5 // indirect
 	github.com/docker/cli v27.4.1+incompatible // indirect
