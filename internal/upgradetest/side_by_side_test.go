@@ -176,7 +176,7 @@ func TestPreviousReleaseAndThisOneSideBySide(t *testing.T) {
 
 	a := start(t, ctx, previousBin, "previous-a", dbURL, "1-20")
 	run(t, a)
-	states("with 0.2.0 alone")
+	states("with the previous release alone")
 
 	b := start(t, ctx, thisBin, "this-b", dbURL, "40-1")
 	c := start(t, ctx, previousBin, "previous-c", dbURL, "21-40")
