@@ -12,9 +12,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"unicode"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/atomicphase/atomicphase/internal/mdanchor"
 )
 
 // docsURL is where the library's problem type URIs point: this
@@ -37,43 +38,8 @@ func TestDocsLinkEveryProblemTypeToItsSection(t *testing.T) {
 		file, fragment, _ := strings.Cut(strings.TrimPrefix(url, docsURL), "#")
 		text, err := os.ReadFile(filepath.FromSlash(file))
 		require.NoError(t, err, "%s (%s) names a file of the repository", url, where)
-		require.Contains(t, anchors(string(text)), fragment, "%s (%s): %s has no section with the anchor #%s", url, where, file, fragment)
+		require.Contains(t, mdanchor.Anchors(string(text)), fragment, "%s (%s): %s has no section with the anchor #%s", url, where, file, fragment)
 	}
-}
-
-// anchors lists the anchors of a Markdown file's headings: the heading's
-// text in lower case, without punctuation but hyphens and underscores,
-// spaces made hyphens; a repeated one gets -1, -2, ….
-func anchors(markdown string) map[string]bool {
-	out := map[string]bool{}
-	seen := map[string]int{}
-	inCode := false
-	for _, line := range strings.Split(markdown, "\n") {
-		if strings.HasPrefix(line, "```") {
-			inCode = !inCode
-		}
-		heading := strings.TrimLeft(line, "#")
-		if inCode || heading == line || !strings.HasPrefix(heading, " ") {
-			continue
-		}
-		var b strings.Builder
-		for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
-			switch {
-			case r == ' ':
-				b.WriteRune('-')
-			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
-				b.WriteRune(r)
-			}
-		}
-		a := b.String()
-		if n := seen[a]; n > 0 {
-			out[a+"-"+strconv.Itoa(n)] = true
-		} else {
-			out[a] = true
-		}
-		seen[a]++
-	}
-	return out
 }
 
 // docURLsInSource evaluates the string constants and constant expressions

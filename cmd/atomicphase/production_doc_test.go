@@ -26,7 +26,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-	"unicode"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -34,6 +33,7 @@ import (
 
 	"github.com/atomicphase/atomicphase"
 	"github.com/atomicphase/atomicphase/atomicphasetest"
+	"github.com/atomicphase/atomicphase/internal/mdanchor"
 	"github.com/atomicphase/atomicphase/internal/pgtemp"
 )
 
@@ -165,7 +165,7 @@ func TestProductionGuideText(t *testing.T) {
 		text, err := os.ReadFile(path)
 		require.NoError(t, err, "link %s", target)
 		if fragment != "" {
-			require.Contains(t, guideAnchors(string(text)), fragment, "link %s: %s has no heading with that anchor", target, file)
+			require.Contains(t, mdanchor.Anchors(stripBlocks(string(text))), fragment, "link %s: %s has no heading with that anchor", target, file)
 		}
 	}
 
@@ -228,36 +228,6 @@ func TestProductionGuideText(t *testing.T) {
 func stripBlocks(markdown string) string {
 	markdown = regexp.MustCompile("(?s)<!--.*?-->").ReplaceAllString(markdown, "")
 	return regexp.MustCompile("(?ms)^\\s*```.*?^\\s*```\\s*$").ReplaceAllString(markdown, "")
-}
-
-// guideAnchors lists the anchors of a Markdown file's headings as GitHub
-// makes them: lower case, punctuation dropped but hyphens and
-// underscores, spaces made hyphens.
-func guideAnchors(markdown string) []string {
-	var out []string
-	seen := map[string]int{}
-	for _, line := range strings.Split(stripBlocks(markdown), "\n") {
-		heading := strings.TrimLeft(line, "#")
-		if heading == line || !strings.HasPrefix(heading, " ") {
-			continue
-		}
-		var b strings.Builder
-		for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
-			switch {
-			case r == ' ':
-				b.WriteRune('-')
-			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
-				b.WriteRune(r)
-			}
-		}
-		a := b.String()
-		if n := seen[a]; n > 0 {
-			a += "-" + strconv.Itoa(n)
-		}
-		seen[b.String()]++
-		out = append(out, a)
-	}
-	return out
 }
 
 // guide is the state the checks share, in the page's order: one server,

@@ -44,15 +44,9 @@ const skipped = `^(TestMigrate.*|TestMigration.*|TestMigrationsGoDownAndUpAgain|
 	`TestTheHistorysMigrationGrantsItToTheKeyTablesWriters|TestNoFunctionRunsAsItsOwner)$`
 
 func TestPreviousReleaseRunsOnThisSchema(t *testing.T) {
-	if os.Getenv("ATOMICPHASE_TEST_PREVIOUS_RELEASE") == "" {
-		t.Skip("set ATOMICPHASE_TEST_PREVIOUS_RELEASE=1 (make test/previous) to run the previous release's suite on this schema")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-
-	srv, err := pgtemp.Start(ctx)
-	require.NoError(t, err, "a throwaway PostgreSQL from local binaries (scripts/ensure-postgres installs them)")
-	t.Cleanup(func() { _ = srv.Stop() })
+	srv := startPrevious(t, ctx, "to run the previous release's suite on this schema")
 
 	// Every database the previous release's harness creates is a copy of
 	// template1: migrated by this version, its ledger says every migration
@@ -68,18 +62,38 @@ func TestPreviousReleaseRunsOnThisSchema(t *testing.T) {
 	require.NotEmpty(t, applied)
 
 	dir := t.TempDir()
-	archive := exec.CommandContext(ctx, "sh", "-c", fmt.Sprintf("git -C %q archive %s | tar -x -C %q",
-		filepath.Join("..", ".."), previousRelease, dir))
-	out, err := archive.CombinedOutput()
-	require.NoError(t, err, "extract the previous release (%s) from git history: %s", previousRelease, out)
+	extractPrevious(t, ctx, dir)
 
 	suite := exec.CommandContext(ctx, "go", "test", "-count=1", "-skip", skipped, ".")
 	suite.Dir = dir
 	suite.Env = append(withoutEnv(os.Environ(), "TEST_DATABASE_URL", "DATABASE_URL", "ATOMICPHASE_TEST_CITUS_URL", "ATOMICPHASE_TEST_EXEC_MODE"),
 		"TEST_DATABASE_URL="+srv.URL)
-	out, err = suite.CombinedOutput()
+	out, err := suite.CombinedOutput()
 	t.Logf("previous release %s on this schema (migrations %v):\n%s", previousRelease[:7], applied, out)
 	require.NoError(t, err, "the previous release's core suite passes on this version's schema")
+}
+
+// startPrevious skips the test unless ATOMICPHASE_TEST_PREVIOUS_RELEASE
+// is set (make test/previous; why says what the test would do), and
+// starts a throwaway PostgreSQL for it.
+func startPrevious(t *testing.T, ctx context.Context, why string) *pgtemp.Server {
+	t.Helper()
+	if os.Getenv("ATOMICPHASE_TEST_PREVIOUS_RELEASE") == "" {
+		t.Skip("set ATOMICPHASE_TEST_PREVIOUS_RELEASE=1 (make test/previous) " + why)
+	}
+	srv, err := pgtemp.Start(ctx)
+	require.NoError(t, err, "a throwaway PostgreSQL from local binaries (scripts/ensure-postgres installs them)")
+	t.Cleanup(func() { _ = srv.Stop() })
+	return srv
+}
+
+// extractPrevious writes the previous release's tree, from git history,
+// into dir.
+func extractPrevious(t *testing.T, ctx context.Context, dir string) {
+	t.Helper()
+	out, err := exec.CommandContext(ctx, "sh", "-c", fmt.Sprintf("git -C %q archive %s | tar -x -C %q",
+		filepath.Join("..", ".."), previousRelease, dir)).CombinedOutput()
+	require.NoError(t, err, "extract the previous release (%s) from git history: %s", previousRelease, out)
 }
 
 // withoutEnv is env without the variables named.

@@ -18,7 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/atomicphase/atomicphase"
-	"github.com/atomicphase/atomicphase/internal/pgtemp"
 )
 
 // service is one process of testdata/service, the same payout service
@@ -121,14 +120,9 @@ func (s *service) stop(t *testing.T) {
 // out new ones. The bank pays each key once, each key's answer is the
 // same byte for byte from every process, and every key finishes.
 func TestPreviousReleaseAndThisOneSideBySide(t *testing.T) {
-	if os.Getenv("ATOMICPHASE_TEST_PREVIOUS_RELEASE") == "" {
-		t.Skip("set ATOMICPHASE_TEST_PREVIOUS_RELEASE=1 (make test/previous) to run the previous release beside this one")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	srv, err := pgtemp.Start(ctx)
-	require.NoError(t, err, "a throwaway PostgreSQL from local binaries (scripts/ensure-postgres installs them)")
-	t.Cleanup(func() { _ = srv.Stop() })
+	srv := startPrevious(t, ctx, "to run the previous release beside this one")
 	admin, err := pgx.Connect(ctx, srv.URL)
 	require.NoError(t, err)
 	_, err = admin.Exec(ctx, "CREATE DATABASE sidebyside")
@@ -143,16 +137,14 @@ func TestPreviousReleaseAndThisOneSideBySide(t *testing.T) {
 	dir := t.TempDir()
 	prevTree := filepath.Join(dir, "previous")
 	require.NoError(t, os.MkdirAll(filepath.Join(prevTree, "cmd", "sidebyside"), 0o755))
-	out, err := exec.CommandContext(ctx, "sh", "-c", fmt.Sprintf("git -C %q archive %s | tar -x -C %q",
-		filepath.Join("..", ".."), previousRelease, prevTree)).CombinedOutput()
-	require.NoError(t, err, "extract the previous release (%s) from git history: %s", previousRelease, out)
+	extractPrevious(t, ctx, prevTree)
 	src, err := os.ReadFile(filepath.Join("testdata", "service", "main.go"))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(prevTree, "cmd", "sidebyside", "main.go"), src, 0o644))
 	previousBin, thisBin := filepath.Join(dir, "previous-service"), filepath.Join(dir, "this-service")
 	build := exec.CommandContext(ctx, "go", "build", "-o", previousBin, "./cmd/sidebyside")
 	build.Dir = prevTree
-	out, err = build.CombinedOutput()
+	out, err := build.CombinedOutput()
 	require.NoError(t, err, "build the service with the previous release: %s", out)
 	out, err = exec.CommandContext(ctx, "go", "build", "-o", thisBin, "./testdata/service").CombinedOutput()
 	require.NoError(t, err, "build the service with this release: %s", out)
